@@ -1,0 +1,159 @@
+"""The admin channel: how a master hands work to the jobs it starts.
+
+One router endpoint per process that starts children, served by one thread::
+
+      master process                                    job (fibercore.worker)
+    ┌───────────────────────────┐   tcp (authenticated)  ┌──────────────────────┐
+    │ Process.start() ─register─▶ AdminHub thread ◀──────┤ dial, HELLO(token)   │
+    │                           │  ── PREP(process) ────▶│ unpickle, run target │
+    │ join()/is_alive ◀─ EXIT ──│  ◀──── EXIT(code) ─────┤                      │
+    │                           │  ── PING every 2 s ───▶│ watchdog             │
+    └───────────────────────────┘                        └──────────────────────┘
+
+The wire protocol, step by step:
+  1. ``Process.start()`` serializes the process object (target, args) and registers
+     it under a random one-time token; the job's environment carries the master's
+     address, the session id, the token and (by the backend's safest means) the
+     session secret.
+  2. The worker dials the master and sends HELLO(token, pid, host) in an
+     authenticated frame. Frames that fail authentication are dropped unread.
+  3. The hub answers PREP(prep data, process) to that peer only. A token is used
+     once; an unknown token gets ERROR and nothing else.
+  4. The worker runs the process and sends EXIT(exitcode) before it exits.
+  5. The hub sends PING to every connected worker every ``heartbeat_interval``; a
+     worker that hears nothing for ``heartbeat_timeout``, or whose connection
+     closes, exits by itself: a dead master leaves no orphan jobs.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+from typing import Any, Hashable
+
+from fibercore.errors import TransportClosed, TransportTimeout
+from fibercore.runtime import Runtime, get_runtime
+
+log = logging.getLogger("fibercore.admin")
+
+HELLO, PREP, EXIT, PING, ERROR = 1, 2, 3, 4, 5
+
+
+class Launch:
+    """What the hub knows about one started child."""
+
+    def __init__(self, token: str, payload: list[Any]) -> None:
+        self.token = token
+        self.payload = payload
+        self.connected = threading.Event()
+        self.gone = threading.Event()  # connection lost or EXIT received
+        self.peer: Hashable | None = None
+        self.remote_pid: int | None = None
+        self.remote_host: str | None = None
+        self.reported_exit: int | None = None
+
+
+class AdminHub:
+    def __init__(self, rt: Runtime) -> None:
+        self._rt = rt
+        self.channel = rt.listen("router")
+        self.address = self.channel.address
+        self._lock = threading.Lock()
+        self._launches: dict[str, Launch] = {}
+        self._by_peer: dict[Hashable, Launch] = {}
+        self._interval = float(rt.config.get("heartbeat_interval") or 2.0)
+        self.channel.on_peer_event(self._peer_event)
+        self._thread = threading.Thread(target=self._serve, name="fiber-admin", daemon=True)
+        self._thread.start()
+
+    def register(self, payload: list[Any]) -> Launch:
+        launch = Launch(secrets.token_hex(16), payload)
+        with self._lock:
+            self._launches[launch.token] = launch
+        return launch
+
+    def forget(self, launch: Launch) -> None:
+        with self._lock:
+            self._launches.pop(launch.token, None)
+            if launch.peer is not None:
+                self._by_peer.pop(launch.peer, None)
+
+    def _peer_event(self, peer: Hashable, added: bool) -> None:
+        if added:
+            return
+        with self._lock:
+            launch = self._by_peer.pop(peer, None)
+        if launch is not None:
+            launch.gone.set()
+
+    def _serve(self) -> None:
+        last_ping = time.monotonic()
+        while True:
+            try:
+                messages, peer = self.channel.recv(timeout=self._interval)
+            except TransportTimeout:
+                messages, peer = [], None
+            except TransportClosed:
+                return
+            for op, parts in messages:
+                try:
+                    self._handle(op, parts, peer)
+                except Exception:  # a malformed but authentic message must not kill the hub
+                    log.exception("admin: bad message %s from %r", op, peer)
+            now = time.monotonic()
+            if now - last_ping >= self._interval:
+                last_ping = now
+                self._ping()
+
+    def _handle(self, op: int, parts: list[memoryview], peer: Hashable) -> None:
+        if op == HELLO:
+            token = bytes(parts[0]).decode()
+            with self._lock:
+                launch = self._launches.get(token)
+                if launch is not None and launch.peer is None:
+                    launch.peer = peer
+                    self._by_peer[peer] = launch
+                else:
+                    launch = None
+            if launch is None:
+                log.warning("admin: HELLO with an unknown or reused token from %r", peer)
+                self.channel.send([(ERROR, [b"unknown or already used token"])], peer)
+                return
+            launch.remote_pid = int(bytes(parts[1]))
+            launch.remote_host = bytes(parts[2]).decode()
+            self.channel.send([(PREP, launch.payload)], peer)
+            launch.payload = []  # the token is spent; free the pickled process
+            launch.connected.set()
+        elif op == EXIT:
+            with self._lock:
+                launch = self._by_peer.get(peer)
+            if launch is not None:
+                launch.reported_exit = int(bytes(parts[0]))
+                launch.gone.set()
+
+    def _ping(self) -> None:
+        with self._lock:
+            peers = list(self._by_peer)
+        for peer in peers:
+            try:
+                self.channel.send([(PING, [])], peer)
+            except Exception:  # the peer went away meanwhile
+                pass
+
+    def close(self) -> None:
+        self.channel.close()
+
+
+_hub: AdminHub | None = None
+_hub_lock = threading.Lock()
+
+
+def get_hub() -> AdminHub:
+    global _hub
+    if _hub is None:
+        with _hub_lock:
+            if _hub is None:
+                _hub = AdminHub(get_runtime())
+    return _hub

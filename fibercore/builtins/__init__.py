@@ -1,0 +1,1 @@
+"""Built-in plugins: the default transport and serializer, replaceable like any other."""

@@ -1,0 +1,246 @@
+"""Typed, validated configuration (DESIGN.md §7).
+
+Precedence, lowest first::
+
+    Option defaults  <  .fiberconfig ([default], as the original fiber) or
+                        [tool.fiber] in pyproject.toml (current directory)
+                     <  FIBER_<KEY> environment variables
+                     <  fibercore.init(key=value)
+
+Keys are declared as :class:`~fibercore.types.Option` by the core and by plugins
+(``fiber_config_options``). Values are converted to the declared type
+(``FIBER_DEBUG=false`` is False). An unknown key in a file or in ``init()`` is an
+error that lists the valid keys; an unknown ``FIBER_*`` variable only warns, since
+the environment is shared with other programs.
+"""
+
+from __future__ import annotations
+
+import configparser
+import logging
+import os
+import warnings
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from fibercore.errors import ConfigError
+from fibercore.types import Option
+
+log = logging.getLogger("fibercore.config")
+
+_LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+def _log_level(value: Any) -> str:
+    if isinstance(value, int) or (isinstance(value, str) and value.strip().isdigit()):
+        return logging.getLevelName(int(value)).lower()
+    text = str(value).strip().lower()
+    if text not in _LOG_LEVELS:
+        raise ValueError(f"expected one of {', '.join(_LOG_LEVELS)} or a number; got {value!r}")
+    return text
+
+
+_log_level.__name__ = "log level"
+
+CORE_OPTIONS: tuple[Option, ...] = (
+    Option("backend", str, None, "Backend that runs jobs (an installed fiber.backends entry point)."),
+    Option("default_backend", str, "local", "Backend used when nothing selects or detects one."),
+    Option("debug", bool, False, "Verbose logging in the master and the workers."),
+    Option("log_level", _log_level, "warning", "Logging level of fibercore's loggers."),
+    Option("log_file", str, None, "Write fibercore's log here (default: stderr)."),
+    Option("image", str, None, "Container image for jobs (container backends)."),
+    Option("default_image", str, None, "Image used when `image` is not set (container backends)."),
+    Option("cpu_per_job", float, None, "CPUs requested per job unless @meta says otherwise."),
+    Option("mem_per_job", int, None, "Memory (MiB) requested per job unless @meta says otherwise."),
+    Option("gpu_per_job", int, None, "GPUs requested per job unless @meta says otherwise."),
+    Option("python_exe", str, None, "Interpreter that runs the worker (default: this one locally, `python3` in images)."),
+    Option("listen_host", str, None, "Address advertised to jobs (default: the backend's answer)."),
+    Option("bind_host", str, None, "Address listeners bind (default: listen_host; never all interfaces unless set)."),
+    Option("ipc_admin_master_port", int, 0, "Kept for compatibility with fiber; ports are chosen by the OS."),
+    Option("start_timeout", float, 120.0, "Seconds Process.start() waits for the job to connect back."),
+    Option("heartbeat_interval", float, 2.0, "Seconds between master heartbeats to workers."),
+    Option("heartbeat_timeout", float, 20.0, "A worker exits when its master is silent this long."),
+    Option("tls", bool, False, "Run every endpoint over tls+tcp (needs tls_cert_file and tls_ca_file)."),
+    Option("tls_cert_file", str, None, "PEM file with this process's certificate and key."),
+    Option("tls_ca_file", str, None, "PEM file of the CA that signed every peer's certificate."),
+    Option("tls_server_name", str, None, "Name expected in peers' certificates (default: none checked beyond the CA)."),
+)
+
+#: Keys the original fiber accepted that have no effect here (accepted, warned).
+LEGACY_KEYS: dict[str, str] = {
+    "use_push_queue": "queues are always broker-backed",
+    "ipc_active": "workers always connect to the master",
+    "ipc_admin_worker_port": "workers do not listen for the master",
+    "merge_output": "use fibercore.Process logs or the backend's log command",
+    "use_bash": "commands are always run without a shell",
+}
+
+#: Keys provided by plugins of this project, for a useful hint when one is missing.
+PLUGIN_KEY_HINTS: dict[str, str] = {
+    "kubernetes_": "fiber-k8s",
+    "k8s_": "fiber-k8s",
+    "docker_": "fiber-docker",
+    "aws_": "fiber-aws",
+}
+
+#: FIBER_* variables that are switches or worker plumbing, not config keys.
+ENV_SWITCHES = frozenset(
+    {
+        "FIBER_DISABLE_PLUGIN_AUTOLOAD",
+        "FIBER_TRACE_HOOKS",
+        "FIBER_PLUGINS",
+        "FIBER_SESSION",
+        "FIBER_SECRET",
+        "FIBER_SECRET_FILE",
+        "FIBER_MASTER_ADDR",
+        "FIBER_TOKEN",
+        "FIBER_CONFIG_FILE",
+    }
+)
+
+
+class Config(Mapping[str, Any]):
+    """The effective configuration: read-only, typed, with the origin of each value."""
+
+    def __init__(self, options: dict[str, Option], values: dict[str, Any], origins: dict[str, str]):
+        self._options = options
+        self._values = values
+        self._origins = origins
+
+    def __getitem__(self, key: str) -> Any:
+        return self._values[key]
+
+    def __iter__(self):  # type: ignore[override]
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __getattr__(self, key: str) -> Any:
+        try:
+            return self._values[key]
+        except KeyError:
+            raise AttributeError(unknown_key_message(key, self._options)) from None
+
+    def origin(self, key: str) -> str:
+        """Where the value of ``key`` came from (default, a file, FIBER_KEY, init())."""
+        return self._origins.get(key, "default")
+
+    @property
+    def options(self) -> dict[str, Option]:
+        return dict(self._options)
+
+    def to_env(self) -> dict[str, str]:
+        """FIBER_<KEY> variables that reproduce every non-default value in a job."""
+        env = {}
+        for key, value in self._values.items():
+            if value is None or self.origin(key) == "default":
+                continue
+            if isinstance(value, bool):
+                text = "true" if value else "false"
+            else:
+                text = str(value)
+            env[f"FIBER_{key.upper()}"] = text
+        return env
+
+    def __repr__(self) -> str:
+        items = ", ".join(f"{k}={v!r}" for k, v in sorted(self._values.items()) if v is not None)
+        return f"Config({items})"
+
+
+def unknown_key_message(key: str, options: Mapping[str, Option], where: str = "") -> str:
+    hint = ""
+    for prefix, dist in PLUGIN_KEY_HINTS.items():
+        if key.startswith(prefix):
+            hint = f" `{key}` is provided by the {dist} plugin: pip install {dist}."
+    valid = ", ".join(sorted(options))
+    src = f" in {where}" if where else ""
+    return f"unknown fibercore config key {key!r}{src}.{hint} Valid keys: {valid}."
+
+
+def read_file_values(cwd: str | os.PathLike[str] | None = None) -> tuple[dict[str, str], str | None]:
+    """Raw values from ``.fiberconfig`` or ``[tool.fiber]`` in pyproject.toml, and the file used."""
+    base = Path(cwd or os.getcwd())
+    explicit = os.environ.get("FIBER_CONFIG_FILE")
+    candidate = Path(explicit) if explicit else base / ".fiberconfig"
+    if candidate.is_file():
+        parser = configparser.ConfigParser()
+        try:
+            parser.read(candidate)
+        except configparser.Error as exc:
+            raise ConfigError(f"cannot parse {candidate}: {exc}. It must be INI with a [default] section.") from exc
+        section = "default" if parser.has_section("default") else None
+        values = dict(parser.items(section)) if section else dict(parser.defaults())
+        return values, str(candidate)
+    pyproject = base / "pyproject.toml"
+    if pyproject.is_file():
+        try:
+            import tomllib
+        except ModuleNotFoundError:  # pragma: no cover - python 3.10
+            return {}, None
+        try:
+            data = tomllib.loads(pyproject.read_text())
+        except (tomllib.TOMLDecodeError, OSError) as exc:
+            raise ConfigError(f"cannot parse {pyproject}: {exc}") from exc
+        section = data.get("tool", {}).get("fiber")
+        if isinstance(section, dict):
+            return dict(section), f"{pyproject} [tool.fiber]"
+    return {}, None
+
+
+def read_env_values(environ: Mapping[str, str]) -> dict[str, str]:
+    return {
+        name[len("FIBER_") :].lower(): value
+        for name, value in environ.items()
+        if name.startswith("FIBER_") and name not in ENV_SWITCHES
+    }
+
+
+def build_config(
+    options: Iterable[Option],
+    file_values: Mapping[str, Any],
+    file_name: str | None,
+    env_values: Mapping[str, str],
+    init_values: Mapping[str, Any],
+) -> Config:
+    """Merge the sources over the defaults, converting and validating every value."""
+    table: dict[str, Option] = {}
+    for opt in options:
+        if opt.name in table and table[opt.name].plugin != opt.plugin:
+            raise ConfigError(
+                f"config key {opt.name!r} is declared by both {table[opt.name].plugin} and "
+                f"{opt.plugin}; uninstall one of them or ask its author to rename the key."
+            )
+        table[opt.name] = opt
+    values = {name: opt.default for name, opt in table.items()}
+    origins: dict[str, str] = {}
+
+    def apply(source: Mapping[str, Any], origin_of: Any, strict: bool) -> None:
+        for key, raw in source.items():
+            key = key.strip().lower().replace("-", "_")
+            if key in LEGACY_KEYS:
+                warnings.warn(
+                    f"fibercore: config key {key!r} ({origin_of(key)}) has no effect: "
+                    f"{LEGACY_KEYS[key]}.",
+                    stacklevel=4,
+                )
+                continue
+            opt = table.get(key)
+            if opt is None:
+                if strict:
+                    raise ConfigError(unknown_key_message(key, table, origin_of(key)))
+                log.warning("ignoring %s: %s", origin_of(key), unknown_key_message(key, table))
+                continue
+            try:
+                values[key] = opt.convert(raw)
+            except (TypeError, ValueError) as exc:
+                raise ConfigError(
+                    f"bad value for config key {key!r} from {origin_of(key)}: {exc}. "
+                    f"Expected {opt.type_name}: {opt.help}"
+                ) from None
+            origins[key] = origin_of(key)
+
+    apply(file_values, lambda k: file_name or "config file", strict=True)
+    apply(env_values, lambda k: f"environment variable FIBER_{k.upper()}", strict=False)
+    apply(init_values, lambda k: f"fibercore.init({k}=...)", strict=True)
+    return Config(table, values, origins)

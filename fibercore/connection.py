@@ -1,0 +1,288 @@
+"""``Pipe()`` and its ``Connection`` ends, on the transport hook.
+
+A Pipe is one ``pair`` endpoint listening in the process that created it. Each end
+connects lazily, on first use: in the creating process the first end used takes
+the listening socket and the other dials it; in any other process an end dials.
+So the usual patterns (keep one end, pass the other to a Process; or pass both and
+close one in the child, as baselines' SubprocVecEnv does) connect the two
+processes directly, with nothing relayed. Limit: the two ends must not both be
+used in processes other than the creator.
+
+Sending is asynchronous and batched (a :class:`~fibercore.wire.Sender` thread packs
+whatever is queued into one frame), receiving is synchronous. ``close()`` flushes
+what was sent and tells the other end, whose ``recv`` then raises EOFError.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import threading
+import time
+import uuid
+import weakref
+from collections import deque
+from typing import Any
+
+from fibercore.errors import TransportClosed, TransportTimeout
+from fibercore.runtime import get_runtime
+from fibercore.serialization import dumps_or_explain
+from fibercore.wire import Channel, Sender
+
+OBJ, BYTES, CLOSE = 1, 2, 3
+_homes: dict[str, _PipeHome] = {}
+_open: weakref.WeakSet[Connection] = weakref.WeakSet()
+
+
+class _PipeHome:
+    """The listening socket of one Pipe, in the process that created it."""
+
+    def __init__(self) -> None:
+        self.id = uuid.uuid4().hex
+        self.channel = get_runtime().listen("pair")
+        self.address = self.channel.address
+        self.claimed = False
+        self.users = 2
+        self.lock = threading.Lock()
+
+    def release(self) -> None:
+        with self.lock:
+            self.users -= 1
+            if self.users > 0:
+                return
+        _homes.pop(self.id, None)
+        self.channel.close()
+
+
+class Connection:
+    """One end of a Pipe (the ``multiprocessing.connection.Connection`` API)."""
+
+    def __init__(self, pipe_id: str, address: str, creator_pid: int, readable: bool = True,
+                 writable: bool = True) -> None:
+        self._pipe_id = pipe_id
+        self._address = address
+        self._creator_pid = creator_pid
+        self._readable = readable
+        self._writable = writable
+        self._channel: Channel | None = None
+        self._owns_home = False
+        self._sender: Sender | None = None
+        self._inbox: deque[tuple[int, list[Any]]] = deque()
+        self._eof = False
+        self._closed = False
+        self._lock = threading.Lock()
+        _open.add(self)
+
+    # -- connecting --------------------------------------------------------------------
+    def _connect(self) -> Channel:
+        if self._closed:
+            raise OSError("handle is closed")
+        with self._lock:
+            if self._channel is not None:
+                return self._channel
+            home = _homes.get(self._pipe_id) if os.getpid() == self._creator_pid else None
+            if home is not None:
+                with home.lock:
+                    take = not home.claimed
+                    home.claimed = True
+            else:
+                take = False
+            if take:
+                assert home is not None
+                self._channel = home.channel
+                self._owns_home = True
+            else:
+                self._channel = get_runtime().dial("pair", self._address)
+            self._channel.on_peer_event(self._on_peer)
+            return self._channel
+
+    def _on_peer(self, peer: Any, added: bool) -> None:
+        if not added:
+            self._eof = True
+
+    def _send(self, op: int, parts: list[Any]) -> None:
+        self._check_closed()
+        if not self._writable:
+            raise OSError("connection is read-only")
+        if self._sender is None:
+            channel = self._connect()
+            with self._lock:
+                if self._sender is None:
+                    self._sender = Sender(channel, name=f"fiber-pipe-{self._pipe_id[:8]}")
+        self._sender.put((op, parts))
+
+    def _next(self, timeout: float | None) -> tuple[int, list[Any]]:
+        """Next message; raises TransportTimeout after ``timeout``, EOFError at the end."""
+        self._check_closed()
+        if not self._readable:
+            raise OSError("connection is write-only")
+        if self._inbox:
+            return self._inbox.popleft()
+        channel = self._connect()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._inbox:
+            step = 0.5 if deadline is None else min(0.5, max(0.0, deadline - time.monotonic()))
+            if self._eof:
+                step = 0.0  # drain what arrived before the end, then stop
+            try:
+                messages, _ = channel.recv(step)
+            except TransportTimeout:
+                if self._eof:
+                    raise EOFError("the other end of the pipe is closed") from None
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise
+                continue
+            except TransportClosed:
+                raise EOFError("the pipe was closed") from None
+            for op, parts in messages:
+                if op == CLOSE:
+                    self._eof = True
+                else:
+                    self._inbox.append((op, parts))
+        return self._inbox.popleft()
+
+    # -- the multiprocessing API ----------------------------------------------------------
+    def send(self, obj: Any) -> None:
+        """Send a picklable object to the other end."""
+        self._send(OBJ, dumps_or_explain(get_runtime().serializer, obj, "an object through a Pipe"))
+
+    def recv(self) -> Any:
+        """Receive an object sent with send(); EOFError when the other end is closed."""
+        op, parts = self._next(None)
+        if op == BYTES:
+            return bytes(parts[0])
+        return get_runtime().serializer.loads(parts)
+
+    def send_bytes(self, buf: Any, offset: int = 0, size: int | None = None) -> None:
+        view = memoryview(buf).cast("B")
+        if offset < 0 or offset > len(view):
+            raise ValueError("offset is negative or out of range")
+        if size is None:
+            size = len(view) - offset
+        if size < 0 or offset + size > len(view):
+            raise ValueError("size is negative or buffer too short")
+        self._send(BYTES, [bytes(view[offset : offset + size])])
+
+    def recv_bytes(self, maxlength: int | None = None) -> bytes:
+        if maxlength is not None and maxlength < 0:
+            raise ValueError("negative maxlength")
+        op, parts = self._next(None)
+        data = bytes(parts[0]) if op == BYTES else b"".join(bytes(p) for p in parts)
+        if maxlength is not None and len(data) > maxlength:
+            raise OSError("bad message length")
+        return data
+
+    def recv_bytes_into(self, buf: Any, offset: int = 0) -> int:
+        view = memoryview(buf).cast("B")
+        if offset < 0 or offset > len(view):
+            raise ValueError("negative offset or offset too large")
+        data = self.recv_bytes()
+        if len(data) > len(view) - offset:
+            import multiprocessing
+
+            raise multiprocessing.BufferTooShort(data)
+        view[offset : offset + len(data)] = data
+        return len(data)
+
+    def poll(self, timeout: float | None = 0.0) -> bool:
+        """Whether there is data to read, waiting up to ``timeout`` seconds (None: forever)."""
+        try:
+            msg = self._next(timeout)
+        except TransportTimeout:
+            return False
+        except EOFError:
+            return True  # as multiprocessing: readable at EOF, recv() raises
+        self._inbox.appendleft(msg)
+        return True
+
+    def fileno(self) -> int:
+        raise OSError("fibercore connections have no file descriptor; use poll() or fibercore.connection.wait()")
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def readable(self) -> bool:
+        return self._readable
+
+    @property
+    def writable(self) -> bool:
+        return self._writable
+
+    def close(self) -> None:
+        """Flush what was sent, tell the other end, and release the socket."""
+        if self._closed:
+            return
+        if self._sender is not None:
+            try:
+                self._sender.put((CLOSE, []))
+            except TransportClosed:
+                pass
+            self._sender.close(flush=True, timeout=10.0)
+        elif self._channel is not None and self._writable:
+            try:
+                self._channel.send([(CLOSE, [])])
+            except Exception:
+                pass
+        self._closed = True
+        if self._channel is not None and not self._owns_home:
+            self._channel.close()
+        home = _homes.get(self._pipe_id) if os.getpid() == self._creator_pid else None
+        if home is not None:
+            home.release()
+        self._channel = None
+
+    def _check_closed(self) -> None:
+        if self._closed:
+            raise OSError("handle is closed")
+
+    def __enter__(self) -> Connection:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __reduce__(self) -> Any:
+        return (_rebuild, (self._pipe_id, self._address, self._creator_pid, self._readable, self._writable))
+
+    def __repr__(self) -> str:
+        return f"<fibercore Connection {self._address} {'closed' if self._closed else 'open'}>"
+
+
+def _rebuild(pipe_id: str, address: str, creator_pid: int, readable: bool, writable: bool) -> Connection:
+    return Connection(pipe_id, address, creator_pid, readable, writable)
+
+
+def Pipe(duplex: bool = True) -> tuple[Connection, Connection]:
+    """A pair of connected ends; with ``duplex=False``, (receive-only, send-only)."""
+    home = _PipeHome()
+    _homes[home.id] = home
+    pid = os.getpid()
+    if duplex:
+        return Connection(home.id, home.address, pid), Connection(home.id, home.address, pid)
+    return (Connection(home.id, home.address, pid, writable=False),
+            Connection(home.id, home.address, pid, readable=False))
+
+
+def wait(object_list: list[Any], timeout: float | None = None) -> list[Any]:
+    """Like ``multiprocessing.connection.wait``: the ready ones among connections and fds."""
+    import select
+
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        ready = [o for o in object_list if isinstance(o, Connection) and o.poll(0)]
+        fds = [o for o in object_list if not isinstance(o, Connection)]
+        if fds:
+            r, _, _ = select.select(fds, [], [], 0)
+            ready += r
+        if ready or (deadline is not None and time.monotonic() >= deadline):
+            return ready
+        time.sleep(0.001)
+
+
+@atexit.register
+def _flush_all() -> None:
+    for conn in list(_open):
+        if conn._sender is not None and not conn._closed:
+            conn._sender.flush(timeout=5.0)

@@ -1,0 +1,119 @@
+"""Factories for every multiprocessing object, in one context (as CPython's context.py).
+
+fibercore has one start method, ``fiber``: every process is a job on the selected
+backend. For drop-in compatibility, ``get_context()`` and ``set_start_method()``
+also accept ``spawn``, ``fork`` and ``forkserver`` and return the same context (a
+job is never forked; functions travel by value with cloudpickle).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from fibercore import connection, process, queues
+
+START_METHODS = ("fiber", "spawn", "fork", "forkserver")
+
+
+class FiberContext:
+    """The object behind the ``fibercore`` module namespace."""
+
+    _name = "fiber"
+    Process = process.Process
+    ProcessError = process.ProcessError
+
+    def __init__(self) -> None:
+        from fibercore import errors
+
+        self.TimeoutError = errors.TimeoutError
+        self.AuthenticationError = errors.AuthenticationError
+        self.BufferTooShort = __import__("multiprocessing").BufferTooShort
+
+    # -- processes ---------------------------------------------------------------------
+    @staticmethod
+    def current_process() -> process.Process:
+        return process.current_process()
+
+    @staticmethod
+    def parent_process() -> Any:
+        return process.parent_process()
+
+    @staticmethod
+    def active_children() -> list[process.Process]:
+        return process.active_children()
+
+    @staticmethod
+    def cpu_count() -> int:
+        """CPUs of this machine (multiprocessing's answer); a cluster backend may differ."""
+        count = os.cpu_count()
+        if count is None:
+            raise NotImplementedError("cannot determine number of cpus")
+        return count
+
+    # -- communication ----------------------------------------------------------------------
+    @staticmethod
+    def Pipe(duplex: bool = True) -> tuple[connection.Connection, connection.Connection]:
+        return connection.Pipe(duplex)
+
+    def Queue(self, maxsize: int = 0) -> queues.Queue:
+        return queues.Queue(maxsize, ctx=self)
+
+    def JoinableQueue(self, maxsize: int = 0) -> queues.JoinableQueue:
+        return queues.JoinableQueue(maxsize, ctx=self)
+
+    def SimpleQueue(self) -> queues.SimpleQueue:
+        return queues.SimpleQueue(ctx=self)
+
+    # -- start methods (compatibility) ---------------------------------------------------------
+    def get_context(self, method: str | None = None) -> FiberContext:
+        if method is None or method in START_METHODS:
+            return self
+        raise ValueError(f"cannot find context for {method!r} (fibercore accepts: {', '.join(START_METHODS)})")
+
+    def get_start_method(self, allow_none: bool = False) -> str:
+        return self._name
+
+    def set_start_method(self, method: str | None, force: bool = False) -> None:
+        if method is not None and method not in START_METHODS:
+            raise ValueError(f"cannot find context for {method!r} (fibercore accepts: {', '.join(START_METHODS)})")
+
+    @staticmethod
+    def get_all_start_methods() -> list[str]:
+        return ["fiber"]
+
+    @staticmethod
+    def freeze_support() -> None:
+        """Nothing to do: workers never re-run the main script."""
+
+    @staticmethod
+    def set_executable(executable: str) -> None:
+        """Use ``executable`` as the workers' Python (same as config ``python_exe``)."""
+        from fibercore.runtime import get_runtime, init
+
+        init(**{**{k: v for k, v in get_runtime().config.items() if get_runtime().config.origin(k).startswith("fibercore.init")}, "python_exe": executable})
+
+    @staticmethod
+    def allow_connection_pickling() -> None:
+        """Connections and queues always pickle (their addresses travel)."""
+
+    @staticmethod
+    def get_logger() -> Any:
+        import logging
+
+        return logging.getLogger("fibercore")
+
+    @staticmethod
+    def log_to_stderr(level: int | None = None) -> Any:
+        import logging
+
+        logger = logging.getLogger("fibercore")
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("[%(levelname)s/%(processName)s] %(message)s"))
+        logger.addHandler(handler)
+        if level:
+            logger.setLevel(level)
+        return logger
+
+
+_default_context = FiberContext()

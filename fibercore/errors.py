@@ -1,0 +1,62 @@
+"""Exceptions that say what failed, where, and what to do.
+
+Each subclasses the `multiprocessing` exception a user of multiprocessing already
+catches, so `except multiprocessing.ProcessError` keeps working after the import swap.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+
+
+class FiberError(Exception):
+    """Base of every fibercore error."""
+
+
+class ProcessError(multiprocessing.ProcessError, FiberError):
+    """A job-backed process failed to start, run or stop."""
+
+
+class JobStartError(ProcessError):
+    """A job was created but its worker never connected back.
+
+    Carries the job status and the job's logs, because that is where the cause is
+    (an image without Python, a pod stuck in Pending, a crash on import).
+    """
+
+    def __init__(self, message: str, *, status: object = None, logs: str = "") -> None:
+        super().__init__(message)
+        self.status = status
+        self.logs = logs
+
+
+class TimeoutError(multiprocessing.TimeoutError, FiberError):  # noqa: A001
+    """An operation did not finish in time."""
+
+
+class AuthenticationError(multiprocessing.AuthenticationError, FiberError):
+    """A peer failed to prove it knows the session secret."""
+
+
+class ConfigError(ValueError, FiberError):
+    """A configuration key or value is wrong; the message lists what is valid."""
+
+
+class BackendNotFoundError(ConfigError):
+    """The selected backend is not installed; the message lists what is."""
+
+
+class SerializationError(TypeError, FiberError):
+    """An object could not be pickled to go to another process; names the object."""
+
+
+class TransportError(OSError, FiberError):
+    """The transport failed (closed socket, unreachable address)."""
+
+
+class TransportTimeout(TransportError):
+    """A transport send or receive timed out."""
+
+
+class TransportClosed(TransportError):
+    """The endpoint was closed."""

@@ -1,0 +1,211 @@
+"""The one contract between fibercore and its plugins.
+
+Every hook is prefixed ``fiber_`` and marked with ``HookspecMarker("fiber")``.
+Plugins implement them with ``@fibercore.hookimpl``. Specs only ever grow by adding
+arguments; an implementation may accept fewer arguments than its spec (pluggy's
+opt-in arguments), so old plugins keep working.
+
+The core never calls ``pm.hook`` directly: it goes through the typed facade in
+:mod:`fibercore.plugins`, which also resolves the transport and serializer once.
+
+Hooks, in lifecycle order:
+
+    discovery ─ fiber_detect_backend, fiber_config_options
+    jobs      ─ fiber_listen_host, fiber_create_job, fiber_job_status,
+                fiber_wait_job, fiber_terminate_job, fiber_job_logs, fiber_cleanup_jobs
+    transport ─ fiber_transport
+    serialize ─ fiber_serializer
+    observers ─ fiber_job_started, fiber_job_exited, fiber_worker_start
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import pluggy
+
+if TYPE_CHECKING:
+    from fibercore.serialization import Serializer
+    from fibercore.transport import Transport
+    from fibercore.types import Job, JobSpec, JobStatus, Option
+
+PROJECT_NAME = "fiber"
+
+hookspec = pluggy.HookspecMarker(PROJECT_NAME)
+hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
+
+
+# ---------------------------------------------------------------------------
+# Discovery and configuration
+# ---------------------------------------------------------------------------
+
+
+@hookspec
+def fiber_detect_backend() -> str | None:
+    """Say which backend this environment calls for, if any.
+
+    Called once by the core at initialisation, on every installed backend and
+    extension, when neither ``fibercore.init(backend=)``, ``FIBER_BACKEND`` nor the
+    config file chose a backend. All results are collected; the first non-None
+    answer (in plugin registration order) is used, else ``local``.
+
+    Must be cheap and side-effect free: look at environment variables or files
+    (``KUBERNETES_SERVICE_HOST``, ``AWS_BATCH_JOB_ID``), never at the network.
+
+    :return: a backend name (an entry-point name of group ``fiber.backends``) or None.
+    """
+
+
+@hookspec
+def fiber_config_options() -> list[Option]:
+    """Declare the configuration keys this plugin adds.
+
+    Called once by the core after plugins are loaded, on every plugin; the results
+    are concatenated. The core types, validates and documents these keys exactly
+    like its own: they may be set in ``.fiberconfig``, ``[tool.fiber]``, as
+    ``FIBER_<NAME>`` or through ``fibercore.init(name=...)``.
+
+    :return: a list of :class:`fibercore.types.Option`. Names must be unique across
+        plugins; a clash is a start-up error naming both plugins.
+    """
+
+
+# ---------------------------------------------------------------------------
+# Jobs (answered by the selected backend; firstresult)
+# ---------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def fiber_listen_host() -> str | None:
+    """Return the address this process must advertise so that jobs can reach it.
+
+    Called by the core when it opens its first listening endpoint. First non-None
+    result wins. The local backend answers ``127.0.0.1``, Kubernetes the pod IP,
+    Docker in bridge mode the gateway address. Listeners bind this address only
+    (not all interfaces) unless ``listen_host``/``bind_host`` is configured.
+    """
+
+
+@hookspec(firstresult=True)
+def fiber_create_job(spec: JobSpec) -> Job | None:
+    """Start a job that runs ``spec.command`` with ``spec.env``.
+
+    Called by the core when a job-backed :class:`~fibercore.Process` starts (and so
+    for every Pool worker, manager server and Ring member). First non-None wins.
+
+    Must return without waiting for the job to run: the core waits for the worker
+    to connect back, with a timeout, and reports the job's status and logs if it
+    never does. Must deliver ``spec.secret_env`` by the safest means the backend has
+    and never log it. Labels in ``spec.labels`` (always the session id) must be
+    attached to the job so that ``fiber_cleanup_jobs`` can find it.
+
+    :param spec: what to run; see :class:`fibercore.types.JobSpec`.
+    :return: a :class:`fibercore.types.Job` handle.
+    :raises Exception: with a message that says what to fix (missing image, bad
+        credentials); the core wraps it in a ``ProcessError``.
+    """
+
+
+@hookspec(firstresult=True)
+def fiber_job_status(job: Job) -> JobStatus | None:
+    """Return the job's :class:`~fibercore.types.JobStatus`.
+
+    Called by the core while waiting for a job to connect and by ``is_alive()``.
+    First non-None wins. Should be cheap; backends with remote APIs cache or batch.
+    """
+
+
+@hookspec(firstresult=True)
+def fiber_wait_job(job: Job, timeout: float | None) -> int | None:
+    """Wait up to ``timeout`` seconds (None: forever) for the job to finish.
+
+    Called by ``Process.join()`` and by the core's exit watchers. First non-None
+    wins, so a backend that times out returns None and the core treats it as "still
+    running".
+
+    :return: the exit code, using multiprocessing's convention (negative signal
+        number when the job was killed by a signal), or None on timeout.
+    """
+
+
+@hookspec(firstresult=True)
+def fiber_terminate_job(job: Job, force: bool) -> bool | None:
+    """Stop the job. Idempotent: a job already gone is not an error.
+
+    Called by ``Process.terminate()`` (``force=False``, SIGTERM where possible),
+    ``Process.kill()`` (``force=True``, SIGKILL) and at session cleanup.
+
+    :return: True when handled (so later plugins are not asked).
+    """
+
+
+@hookspec(firstresult=True)
+def fiber_job_logs(job: Job) -> str | None:
+    """Return what the job printed, as far as the backend can tell.
+
+    Called when a job fails to start or dies unexpectedly, to put its output in the
+    error. First non-None wins. Return a short explanation when no logs exist yet.
+    """
+
+
+@hookspec(firstresult=True)
+def fiber_cleanup_jobs(session: str | None) -> int | None:
+    """Remove jobs left behind by a session (None: every fiber session).
+
+    Called by ``fiber cleanup``. Uses the session label every job carries.
+
+    :return: how many jobs were stopped or removed.
+    """
+
+
+# ---------------------------------------------------------------------------
+# Transport and serialization (first provider wins; built-ins are trylast)
+# ---------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def fiber_transport(config: Any) -> Transport | None:
+    """Provide the transport that moves frames between processes.
+
+    Called once per process by the core, which keeps the result; hot paths call the
+    transport object, never this hook. The built-in pynng transport is registered
+    ``trylast``, so any other provider replaces it.
+
+    :param config: the effective :class:`fibercore.config.Config` (TLS settings...).
+    :return: an object implementing :class:`fibercore.transport.Transport`.
+    """
+
+
+@hookspec(firstresult=True)
+def fiber_serializer(config: Any) -> Serializer | None:
+    """Provide the serializer for objects sent between processes.
+
+    Called once per process by the core. Built-in: cloudpickle with pickle protocol
+    5 out-of-band buffers (registered ``trylast``). Deserialization only ever
+    happens after a frame has been authenticated by the core.
+
+    :return: an object implementing :class:`fibercore.serialization.Serializer`.
+    """
+
+
+# ---------------------------------------------------------------------------
+# Observers (every plugin; results ignored)
+# ---------------------------------------------------------------------------
+
+
+@hookspec
+def fiber_job_started(job: Job, spec: JobSpec) -> None:
+    """Called in the master after ``fiber_create_job`` returned ``job``."""
+
+
+@hookspec
+def fiber_job_exited(job: Job, exitcode: int | None) -> None:
+    """Called in the master once it knows that ``job`` has ended (``exitcode``)."""
+
+
+@hookspec
+def fiber_worker_start(config: Any) -> None:
+    """Called in a worker after it authenticated, before user code runs.
+
+    :param config: the worker's effective :class:`fibercore.config.Config`.
+    """

@@ -1,0 +1,265 @@
+"""Plugin discovery, backend selection and the typed facade over pluggy.
+
+Entry-point groups:
+
+``fiber.backends``
+    one entry point per backend; its name is the ``FIBER_BACKEND`` value
+    (``aws = "fiber_aws.plugin"``). Only the selected backend is imported.
+``fiber.plugins``
+    extensions that are always loaded (a transport, a serializer, an observer),
+    unless ``FIBER_DISABLE_PLUGIN_AUTOLOAD`` is set.
+
+Backend selection, first that applies (DESIGN.md §2)::
+
+    fibercore.init(backend=) > FIBER_BACKEND > config file > fiber_detect_backend() > local
+
+Switches: ``FIBER_DISABLE_PLUGIN_AUTOLOAD`` (no ``fiber.plugins``, no detection),
+``FIBER_PLUGINS=mod1,mod2`` (import and register these modules),
+``FIBER_TRACE_HOOKS`` (log every hook call to stderr).
+
+The rest of the core calls :class:`Plugins` methods, never ``pm.hook`` directly.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import sys
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Any, Iterable
+
+import pluggy
+
+from fibercore import hookspecs
+from fibercore.errors import BackendNotFoundError, ConfigError, ProcessError
+from fibercore.types import Job, JobSpec, JobStatus, Option
+
+log = logging.getLogger("fibercore.plugins")
+
+BACKENDS_GROUP = "fiber.backends"
+PLUGINS_GROUP = "fiber.plugins"
+
+#: Built-in behaviour, registered like any other plugin (and so replaceable).
+DEFAULT_PLUGINS: tuple[str, ...] = (
+    "fibercore.builtins.nng_transport",
+    "fibercore.builtins.cloudpickle_serializer",
+)
+
+#: Distributions of this project, for the `pip install` hint on an unknown backend.
+KNOWN_DISTRIBUTIONS = {
+    "local": "fiber-local",
+    "docker": "fiber-docker",
+    "kubernetes": "fiber-k8s",
+    "k8s": "fiber-k8s",
+    "aws": "fiber-aws",
+}
+
+
+def _truthy(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+@dataclass(frozen=True)
+class EntryPointInfo:
+    """An installed plugin as its metadata describes it (nothing imported)."""
+
+    group: str
+    name: str
+    value: str
+    distribution: str
+    version: str
+
+
+def installed(group: str) -> list[EntryPointInfo]:
+    """Entry points of ``group``, read from metadata without importing them."""
+    out = []
+    for ep in metadata.entry_points(group=group):
+        dist = getattr(ep, "dist", None)
+        out.append(
+            EntryPointInfo(
+                group,
+                ep.name,
+                ep.value,
+                dist.metadata["Name"] if dist is not None else "?",
+                dist.version if dist is not None else "?",
+            )
+        )
+    return sorted(out, key=lambda e: e.name)
+
+
+def installed_backends() -> list[str]:
+    return sorted({e.name for e in installed(BACKENDS_GROUP)})
+
+
+def unknown_backend_message(name: str) -> str:
+    have = ", ".join(installed_backends()) or "none"
+    dist = KNOWN_DISTRIBUTIONS.get(name, f"fiber-{name}")
+    return (
+        f"unknown fibercore backend {name!r} (installed backends: {have}). "
+        f"To add it: pip install {dist}; or set FIBER_BACKEND to one of the installed ones."
+    )
+
+
+def _load_entry_point(group: str, name: str) -> Any:
+    for ep in metadata.entry_points(group=group):
+        if ep.name == name:
+            try:
+                return ep.load()
+            except Exception as exc:
+                raise ConfigError(
+                    f"the {group} plugin {name!r} ({ep.value}) failed to import: "
+                    f"{type(exc).__name__}: {exc}. Reinstall it or set another backend."
+                ) from exc
+    raise BackendNotFoundError(unknown_backend_message(name))
+
+
+def new_plugin_manager() -> pluggy.PluginManager:
+    pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
+    pm.add_hookspecs(hookspecs)
+    for modname in DEFAULT_PLUGINS:
+        module = importlib.import_module(modname)
+        pm.register(getattr(module, "plugin", module), name=modname)
+    return pm
+
+
+def detect_backend() -> str | None:
+    """Ask every installed backend (imported cheaply) whether the environment calls for it."""
+    pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
+    pm.add_hookspecs(hookspecs)
+    for info in installed(BACKENDS_GROUP):
+        try:
+            module = importlib.import_module(info.value.split(":")[0])
+        except Exception as exc:  # a broken plugin must not break detection
+            log.debug("backend %s not importable for detection: %s", info.name, exc)
+            continue
+        if pm.is_registered(module):
+            continue
+        pm.register(module, name=f"{BACKENDS_GROUP}:{info.name}")
+    for answer in pm.hook.fiber_detect_backend():
+        if answer:
+            return str(answer)
+    return None
+
+
+class Plugins:
+    """Typed facade over the plugin manager; what the rest of the core calls."""
+
+    def __init__(self, pm: pluggy.PluginManager, backend: str) -> None:
+        self.pm = pm
+        self.backend = backend
+        self._undo_trace: Any = None
+
+    # -- construction --------------------------------------------------------------
+    @classmethod
+    def load(cls, backend: str, extra: Iterable[Any] = ()) -> Plugins:
+        pm = new_plugin_manager()
+        if not _truthy("FIBER_DISABLE_PLUGIN_AUTOLOAD"):
+            pm.load_setuptools_entrypoints(PLUGINS_GROUP)
+        for modname in filter(None, os.environ.get("FIBER_PLUGINS", "").split(",")):
+            module = importlib.import_module(modname.strip())
+            if not pm.is_registered(module):
+                pm.register(module, name=modname.strip())
+        for obj in extra:
+            if not pm.is_registered(obj):
+                pm.register(obj)
+        backend_plugin = _load_entry_point(BACKENDS_GROUP, backend)
+        if not pm.is_registered(backend_plugin):
+            pm.register(backend_plugin, name=f"{BACKENDS_GROUP}:{backend}")
+        try:
+            pm.check_pending()
+        except pluggy.PluginValidationError as exc:
+            raise ConfigError(
+                f"plugin {exc.plugin!r} implements a hook fibercore does not define: {exc}. "
+                "Check the spelling against fibercore.hookspecs (hooks start with `fiber_`)."
+            ) from exc
+        self = cls(pm, backend)
+        if _truthy("FIBER_TRACE_HOOKS"):
+            self.enable_tracing()
+        return self
+
+    def enable_tracing(self, write: Any = None) -> None:
+        out = write or (lambda text: sys.stderr.write(text))
+
+        def before(name: str, impls: Any, kwargs: dict[str, Any]) -> None:
+            args = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
+            out(f"[fiber hook] {name}({args}) -> {[i.plugin_name for i in impls]}\n")
+
+        def after(outcome: Any, name: str, impls: Any, kwargs: dict[str, Any]) -> None:
+            try:
+                result = outcome.get_result()
+            except BaseException as exc:  # noqa: BLE001 - only reported
+                result = f"raised {exc!r}"
+            out(f"[fiber hook] {name} returned {result!r}\n")
+
+        self._undo_trace = self.pm.add_hookcall_monitoring(before, after)
+
+    # -- discovery and configuration ---------------------------------------------------
+    def config_options(self) -> list[Option]:
+        options: list[Option] = []
+        for impl, result in zip(
+            reversed(self.pm.hook.fiber_config_options.get_hookimpls()),
+            self.pm.hook.fiber_config_options(),
+        ):
+            for opt in result or ():
+                if opt.plugin == "fibercore":
+                    opt = Option(opt.name, opt.type, opt.default, opt.help, opt.choices, impl.plugin_name)
+                options.append(opt)
+        return options
+
+    # -- jobs -------------------------------------------------------------------------
+    def listen_host(self) -> str:
+        return self.pm.hook.fiber_listen_host() or "127.0.0.1"
+
+    def create_job(self, spec: JobSpec) -> Job:
+        job = self.pm.hook.fiber_create_job(spec=spec)
+        if job is None:
+            raise ProcessError(
+                f"backend {self.backend!r} did not create a job for {spec.name!r}: no plugin "
+                "implements fiber_create_job. Is the backend plugin complete?"
+            )
+        self.pm.hook.fiber_job_started(job=job, spec=spec)
+        return job
+
+    def job_status(self, job: Job) -> JobStatus:
+        return self.pm.hook.fiber_job_status(job=job) or JobStatus.UNKNOWN
+
+    def wait_job(self, job: Job, timeout: float | None) -> int | None:
+        return self.pm.hook.fiber_wait_job(job=job, timeout=timeout)
+
+    def terminate_job(self, job: Job, force: bool = False) -> None:
+        self.pm.hook.fiber_terminate_job(job=job, force=force)
+
+    def job_logs(self, job: Job) -> str:
+        try:
+            logs = self.pm.hook.fiber_job_logs(job=job)
+        except Exception as exc:  # logs are for diagnosis; never mask the real error
+            return f"(logs unavailable: {type(exc).__name__}: {exc})"
+        return logs if logs is not None else "(the backend keeps no logs for this job)"
+
+    def cleanup_jobs(self, session: str | None) -> int:
+        return self.pm.hook.fiber_cleanup_jobs(session=session) or 0
+
+    # -- transport and serialization ------------------------------------------------------
+    def transport(self, config: Any) -> Any:
+        return self.pm.hook.fiber_transport(config=config)
+
+    def serializer(self, config: Any) -> Any:
+        return self.pm.hook.fiber_serializer(config=config)
+
+    # -- observers ---------------------------------------------------------------------
+    def job_exited(self, job: Job, exitcode: int | None) -> None:
+        self.pm.hook.fiber_job_exited(job=job, exitcode=exitcode)
+
+    def worker_start(self, config: Any) -> None:
+        self.pm.hook.fiber_worker_start(config=config)
+
+    # -- introspection ------------------------------------------------------------------
+    def describe(self) -> list[tuple[str, list[str]]]:
+        """(plugin name, hooks it implements) for every registered plugin."""
+        out = []
+        for name, plugin in self.pm.list_name_plugin():
+            hooks = [h.name for h in self.pm.get_hookcallers(plugin) or []]
+            out.append((name, sorted(hooks)))
+        return out

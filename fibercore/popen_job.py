@@ -1,0 +1,202 @@
+"""The seam between a Process and a backend: a Popen whose process is a job.
+
+Like CPython's ``popen_spawn_posix``, but instead of forking it asks the selected
+backend (``fiber_create_job``) for a job running ``python -m fibercore.worker``,
+then waits for that job to connect back to this process's admin hub.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import socket
+import sys
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from fibercore import admin
+from fibercore.errors import JobStartError, ProcessError
+from fibercore.meta import get_meta
+from fibercore.runtime import get_runtime
+from fibercore.serialization import describe, dumps_or_explain
+from fibercore.types import Job, JobSpec, JobStatus
+
+if TYPE_CHECKING:
+    from fibercore.process import Process
+
+LOG_TAIL = 4000
+
+
+def _serialize_process(process: Process) -> list[Any]:
+    """Pickle the process for the job, naming the culprit when something cannot go."""
+    rt = get_runtime()
+    try:
+        return rt.serializer.dumps(process)
+    except Exception:
+        pass
+    candidates = [("target", process._target)]
+    candidates += [(f"argument {i}", a) for i, a in enumerate(process._args)]
+    candidates += [(f"keyword argument {k!r}", v) for k, v in process._kwargs.items()]
+    candidates += [(f"attribute {k!r} of {type(process).__name__}", v) for k, v in vars(process).items()
+                   if not k.startswith("_")]
+    for what, obj in candidates:
+        dumps_or_explain(rt.serializer, obj, f"the {what} of {process.name}")
+    return dumps_or_explain(rt.serializer, process, f"process {process.name} ({describe(process)})")
+
+
+def _tail(text: str) -> str:
+    text = text.strip()
+    if not text:
+        return "(no output)"
+    return text if len(text) <= LOG_TAIL else "...\n" + text[-LOG_TAIL:]
+
+
+class JobPopen:
+    """Starts one job for a Process and answers poll/wait/terminate for it."""
+
+    method = "fiber"
+
+    def __init__(self, process: Process) -> None:
+        rt = get_runtime()
+        self._rt = rt
+        self.returncode: int | None = None
+        self._sentinel_r: int | None = None
+        self._sentinel_lock = threading.Lock()
+        hub = admin.get_hub()
+        prep = {
+            "sys_path": list(sys.path),
+            "cwd": os.getcwd(),
+            "parent_pid": os.getpid(),
+            "parent_name": process._parent_name,
+            "parent_host": socket.gethostname(),
+        }
+        payload = [pickle.dumps(prep, protocol=5), *_serialize_process(process)]
+        self._launch = hub.register(payload)
+        cfg = rt.config
+        meta = get_meta(process)
+        python = cfg.get("python_exe")
+        spec = JobSpec(
+            command=[python or sys.executable, "-m", "fibercore.worker"],
+            env={
+                "FIBER_MASTER_ADDR": hub.address,
+                "FIBER_TOKEN": self._launch.token,
+                "FIBER_SESSION": rt.session,
+                **cfg.to_env(),
+                "FIBER_BACKEND": rt.backend,
+            },
+            secret_env={"FIBER_SECRET": rt.secret.hex()},
+            name=process.name,
+            image=cfg.get("image") or cfg.get("default_image"),
+            cpu=meta.get("cpu", cfg.get("cpu_per_job")),
+            memory=meta.get("memory", cfg.get("mem_per_job")),
+            gpu=meta.get("gpu", cfg.get("gpu_per_job")),
+            labels={"fiber-session": rt.session, "fiber-process": process.name},
+            cwd=os.getcwd(),
+            extras={"default_python": python is None},
+        )
+        self.spec = spec
+        try:
+            self.job: Job = rt.plugins.create_job(spec)
+        except ProcessError:
+            hub.forget(self._launch)
+            raise
+        except Exception as exc:
+            hub.forget(self._launch)
+            raise ProcessError(
+                f"backend {rt.backend!r} could not start {process.name}: {type(exc).__name__}: {exc}"
+            ) from exc
+        self.pid = self.job.pid
+
+    # -- start-up ---------------------------------------------------------------------
+    def wait_started(self, timeout: float | None = None) -> None:
+        """Block until the job's worker connected, or raise JobStartError with its logs."""
+        rt = self._rt
+        if timeout is None:
+            timeout = float(rt.config.get("start_timeout") or 120.0)
+        deadline = time.monotonic() + timeout
+        launch = self._launch
+        next_status = time.monotonic() + 0.2
+        while not launch.connected.wait(0.02):
+            now = time.monotonic()
+            if now >= next_status:
+                next_status = now + 0.5
+                status = rt.plugins.job_status(self.job)
+                if status is JobStatus.EXITED:
+                    code = rt.plugins.wait_job(self.job, 1.0)
+                    if launch.connected.is_set():
+                        break
+                    self._record_exit(code)
+                    self._start_failed(f"its job exited with code {code} before connecting", status)
+            if now >= deadline:
+                status = rt.plugins.job_status(self.job)
+                rt.plugins.terminate_job(self.job, True)
+                self._start_failed(
+                    f"its job did not connect back within {timeout:.0f} s (start_timeout)", status
+                )
+        if self.pid is None:
+            self.pid = launch.remote_pid
+
+    def _start_failed(self, what: str, status: JobStatus) -> None:
+        rt = self._rt
+        admin.get_hub().forget(self._launch)
+        logs = rt.plugins.job_logs(self.job)
+        raise JobStartError(
+            f"{self.spec.name} failed to start on backend {rt.backend!r}: {what}.\n"
+            f"  job: {self.job.jid} (status {status.value})\n"
+            f"  command: {' '.join(self.spec.command)}\n"
+            f"  likely causes: the worker's Python cannot import fibercore (image or "
+            f"python_exe), the job cannot reach {admin.get_hub().address} (listen_host), or the "
+            f"backend has no capacity (a pending pod, a full queue).\n"
+            f"  job logs:\n{_tail(logs)}",
+            status=status,
+            logs=logs,
+        )
+
+    # -- the multiprocessing Popen interface ------------------------------------------
+    def _record_exit(self, code: int | None) -> None:
+        if code is not None and self.returncode is None:
+            self.returncode = code
+            self._rt.plugins.job_exited(self.job, code)
+            admin.get_hub().forget(self._launch)
+
+    def poll(self, flag: int = os.WNOHANG) -> int | None:
+        if self.returncode is None:
+            self._record_exit(self._rt.plugins.wait_job(self.job, 0 if flag else None))
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        if self.returncode is None:
+            self._record_exit(self._rt.plugins.wait_job(self.job, timeout))
+        return self.returncode
+
+    def terminate(self) -> None:
+        if self.returncode is None:
+            self._rt.plugins.terminate_job(self.job, False)
+
+    def kill(self) -> None:
+        if self.returncode is None:
+            self._rt.plugins.terminate_job(self.job, True)
+
+    @property
+    def sentinel(self) -> int:
+        """A file descriptor that becomes readable when the job ends (for select/wait)."""
+        with self._sentinel_lock:
+            if self._sentinel_r is None:
+                r, w = os.pipe()
+                self._sentinel_r = r
+
+                def watch() -> None:
+                    self.wait(None)
+                    os.close(w)
+
+                threading.Thread(target=watch, name=f"fiber-sentinel-{self.job.jid}", daemon=True).start()
+            return self._sentinel_r
+
+    def close(self) -> None:
+        if self._sentinel_r is not None:
+            try:
+                os.close(self._sentinel_r)
+            except OSError:
+                pass
+            self._sentinel_r = None

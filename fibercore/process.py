@@ -1,0 +1,438 @@
+"""Job-backed ``Process`` with the ``multiprocessing.Process`` API.
+
+A Process is a job on the selected backend: ``start()`` hands it to
+:class:`~fibercore.popen_job.JobPopen`, which asks the backend for a job and waits
+until the job's worker has connected back. Everything else (join, terminate, kill,
+is_alive, exitcode, sentinel) goes through the same Popen seam, as in CPython.
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import os
+import signal
+import sys
+import threading
+from typing import Any, Callable, Iterable, Mapping
+
+from fibercore.errors import ProcessError
+
+_counter = itertools.count(1)
+_children: set[Process] = set()
+_children_lock = threading.Lock()
+
+
+class Process:
+    """A process that runs ``target(*args, **kwargs)`` as a job on the selected backend."""
+
+    _start_method = "fiber"
+
+    def __init__(
+        self,
+        group: None = None,
+        target: Callable[..., Any] | None = None,
+        name: str | None = None,
+        args: Iterable[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        *,
+        daemon: bool | None = None,
+    ) -> None:
+        if group is not None:
+            raise ValueError("group argument must be None for now (as in multiprocessing)")
+        parent = current_process()
+        count = next(_counter)
+        self._identity = tuple(getattr(parent, "_identity", ())) + (count,)
+        self._parent_pid = os.getpid()
+        self._parent_name = parent.name
+        self._popen: Any = None
+        self._closed = False
+        self._target = target
+        self._args = tuple(args)
+        self._kwargs = dict(kwargs or {})
+        self._name = name or type(self).__name__ + "-" + ":".join(str(i) for i in self._identity)
+        self._daemonic = parent.daemon if daemon is None else bool(daemon)
+        self._authkey = parent.authkey
+
+    # -- what runs in the job --------------------------------------------------------
+    def run(self) -> None:
+        """Method to be run in the job; override it in a subclass, as with multiprocessing."""
+        if self._target is not None:
+            self._target(*self._args, **self._kwargs)
+
+    # -- lifecycle --------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the job and wait until it has connected back (``start_timeout``)."""
+        self._launch()
+        try:
+            self._popen.wait_started()
+        except BaseException:
+            with _children_lock:
+                _children.discard(self)
+            raise
+
+    def _launch(self) -> None:
+        """Submit the job without waiting for it to connect (used to start many at once)."""
+        from fibercore.popen_job import JobPopen
+
+        self._check_closed()
+        if self._popen is not None:
+            raise AssertionError("cannot start a process twice")
+        if self._parent_pid != os.getpid():
+            raise AssertionError("can only start a process object created by current process")
+        if _current_process.daemon:
+            raise AssertionError("daemonic processes are not allowed to have children")
+        _cleanup()
+        _install_exit_handlers()
+        self._popen = JobPopen(self)
+        with _children_lock:
+            _children.add(self)
+
+    def terminate(self) -> None:
+        """Stop the job (SIGTERM for local jobs); the exit code becomes negative."""
+        self._check_closed()
+        if self._popen is not None:
+            self._popen.terminate()
+
+    def kill(self) -> None:
+        """Stop the job at once (SIGKILL for local jobs)."""
+        self._check_closed()
+        if self._popen is not None:
+            self._popen.kill()
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait until the job ends, or ``timeout`` seconds."""
+        self._check_closed()
+        if self._parent_pid != os.getpid():
+            raise AssertionError("can only join a child process")
+        if self._popen is None:
+            raise AssertionError("can only join a started process")
+        if self._popen.wait(timeout) is not None:
+            with _children_lock:
+                _children.discard(self)
+
+    def is_alive(self) -> bool:
+        self._check_closed()
+        if self is _current_process:
+            return True
+        if self._popen is None or self._parent_pid != os.getpid():
+            return False
+        if self._popen.poll() is None:
+            return True
+        with _children_lock:
+            _children.discard(self)
+        return False
+
+    def close(self) -> None:
+        """Release the Process's resources; raises ValueError if it is still running."""
+        if self._popen is not None:
+            if self._popen.poll() is None:
+                raise ValueError("Cannot close a process while it is still running. "
+                                 "You should first call join() or terminate().")
+            self._popen.close()
+            self._popen = None
+        with _children_lock:
+            _children.discard(self)
+        self._closed = True
+
+    def _check_closed(self) -> None:
+        if self._closed:
+            raise ValueError("process object is closed")
+
+    # -- attributes ---------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @name.setter
+    def name(self, name: str) -> None:
+        if not isinstance(name, str):
+            raise TypeError("name must be a string")
+        self._name = name
+
+    @property
+    def daemon(self) -> bool:
+        return self._daemonic
+
+    @daemon.setter
+    def daemon(self, daemonic: bool) -> None:
+        if self._popen is not None:
+            raise AssertionError("process has already started")
+        self._daemonic = bool(daemonic)
+
+    @property
+    def authkey(self) -> bytes:
+        return self._authkey
+
+    @authkey.setter
+    def authkey(self, authkey: bytes) -> None:
+        self._authkey = bytes(authkey)
+
+    @property
+    def exitcode(self) -> int | None:
+        self._check_closed()
+        if self._popen is None:
+            return None
+        return self._popen.poll()
+
+    @property
+    def ident(self) -> int | None:
+        self._check_closed()
+        if self is _current_process:
+            return os.getpid()
+        return self._popen and self._popen.pid
+
+    pid = ident
+
+    @property
+    def sentinel(self) -> int:
+        """A file descriptor readable once the job has ended (``multiprocessing.connection.wait``)."""
+        self._check_closed()
+        if self._popen is None:
+            raise ValueError("process not started")
+        return self._popen.sentinel
+
+    @property
+    def job(self) -> Any:
+        """The backend's :class:`~fibercore.types.Job` handle (None before start)."""
+        return self._popen.job if self._popen is not None else None
+
+    def logs(self) -> str:
+        """What the job printed, as far as the backend can tell."""
+        if self._popen is None:
+            return ""
+        from fibercore.runtime import get_runtime
+
+        return get_runtime().plugins.job_logs(self._popen.job)
+
+    def __repr__(self) -> str:
+        code = None
+        if self is _current_process:
+            status = "started"
+        elif self._closed:
+            status = "closed"
+        elif self._parent_pid != os.getpid():
+            status = "unknown"
+        elif self._popen is None:
+            status = "initial"
+        else:
+            code = self._popen.poll()
+            status = "stopped" if code is not None else "started"
+        info = [type(self).__name__, "name=%r" % self._name]
+        if self._popen is not None:
+            info.append("pid=%s" % self._popen.pid)
+        info.append("parent=%s" % self._parent_pid)
+        info.append(status)
+        if code is not None:
+            info.append("exitcode=%s" % _exitcode_to_name(code))
+        if self.daemon:
+            info.append("daemon")
+        return "<%s>" % " ".join(info)
+
+    # -- pickling (the process object travels to its job) ---------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_popen"] = None
+        state.pop("_authkey", None)  # the worker takes the session secret, never a pickled key
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    # -- in the worker ----------------------------------------------------------------------
+    def _bootstrap(self, parent: _ParentProcess | None = None) -> int:
+        """Run in the job: become the current process, run, and return the exit code."""
+        global _current_process, _parent_process
+        from fibercore.runtime import get_runtime
+
+        self._authkey = get_runtime().secret
+        _current_process = self
+        _parent_process = parent
+        with _children_lock:
+            _children.clear()
+        try:
+            self.run()
+            exitcode = 0
+        except SystemExit as exc:
+            if exc.code is None:
+                exitcode = 0
+            elif isinstance(exc.code, int):
+                exitcode = exc.code
+            else:
+                sys.stderr.write(str(exc.code) + "\n")
+                exitcode = 1
+        except BaseException:
+            exitcode = 1
+            import traceback
+
+            sys.stderr.write("Process %s:\n" % self.name)
+            traceback.print_exc()
+        finally:
+            _exit_function()
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except Exception:
+                    pass
+        return exitcode
+
+
+def _exitcode_to_name(code: int) -> str:
+    if code < 0:
+        try:
+            return signal.Signals(-code).name
+        except ValueError:
+            pass
+    return str(code)
+
+
+class _MainProcess(Process):
+    """The master process itself (``current_process()`` outside any job)."""
+
+    def __init__(self) -> None:
+        import secrets
+
+        self._identity = ()
+        self._name = "MainProcess"
+        self._parent_pid = None  # type: ignore[assignment]
+        self._popen = None
+        self._closed = False
+        self._daemonic = False
+        self._target = None
+        self._args = ()
+        self._kwargs = {}
+        self._authkey = secrets.token_bytes(32)
+
+    @property
+    def authkey(self) -> bytes:
+        try:
+            from fibercore.runtime import get_runtime
+
+            return get_runtime().secret
+        except Exception:  # pragma: no cover - config broken; mp semantics still hold
+            return self._authkey
+
+    @authkey.setter
+    def authkey(self, authkey: bytes) -> None:
+        self._authkey = bytes(authkey)
+
+    def close(self) -> None:
+        pass
+
+
+class _ParentProcess:
+    """What a worker knows of the process that started it (``parent_process()``)."""
+
+    def __init__(self, name: str, pid: int, host: str, alive: Callable[[], bool]) -> None:
+        self.name = name
+        self.pid = self.ident = pid
+        self.host = host
+        self._alive = alive
+        self.daemon = False
+
+    def is_alive(self) -> bool:
+        return self._alive()
+
+    def join(self, timeout: float | None = None) -> None:
+        import time
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.is_alive() and (deadline is None or time.monotonic() < deadline):
+            time.sleep(0.05)
+
+    def __repr__(self) -> str:
+        return f"<_ParentProcess name={self.name!r} parent={self.pid} host={self.host!r}>"
+
+
+_current_process: Process = _MainProcess()
+_parent_process: _ParentProcess | None = None
+
+
+def current_process() -> Process:
+    """The Process object of the caller (the master's is named ``MainProcess``)."""
+    return _current_process
+
+
+def parent_process() -> _ParentProcess | None:
+    """The parent of a job-backed process; None in the master."""
+    return _parent_process
+
+
+def _cleanup() -> None:
+    with _children_lock:
+        children = list(_children)
+    for p in children:
+        if p._popen is not None and p._popen.poll() is not None:
+            with _children_lock:
+                _children.discard(p)
+
+
+def active_children() -> list[Process]:
+    """Children started by this process that are still running."""
+    _cleanup()
+    with _children_lock:
+        return list(_children)
+
+
+# -- exit handling ------------------------------------------------------------------------
+_exit_installed = False
+
+
+def _exit_function() -> None:
+    """As multiprocessing does at exit: terminate daemonic children, join the others."""
+    for p in active_children():
+        if p.daemon:
+            try:
+                p.terminate()
+            except Exception:
+                pass
+    for p in active_children():
+        try:
+            p.join()
+        except Exception:
+            pass
+
+
+def _terminate_all(force: bool = True) -> None:
+    with _children_lock:
+        children = list(_children)
+    for p in children:
+        try:
+            if p._popen is not None:
+                p._popen.kill() if force else p._popen.terminate()
+        except Exception:
+            pass
+
+
+def _install_exit_handlers() -> None:
+    """At exit, stop this process's jobs; on SIGTERM too (if nobody else handles it)."""
+    global _exit_installed
+    if _exit_installed:
+        return
+    _exit_installed = True
+    atexit.register(_exit_function)
+    if threading.current_thread() is threading.main_thread():
+        try:
+            if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+                def on_sigterm(signum: int, frame: Any) -> None:
+                    _terminate_all(force=True)
+                    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                    os.kill(os.getpid(), signal.SIGTERM)
+
+                signal.signal(signal.SIGTERM, on_sigterm)
+        except (ValueError, OSError):  # pragma: no cover - not the main interpreter
+            pass
+
+
+def _reset_after_failure(process: Process) -> None:  # pragma: no cover - used by pools later
+    with _children_lock:
+        _children.discard(process)
+
+
+__all__ = [
+    "Process",
+    "ProcessError",
+    "active_children",
+    "current_process",
+    "parent_process",
+]

@@ -1,0 +1,568 @@
+"""``SimpleQueue``, ``Queue`` and ``JoinableQueue`` shared by any number of jobs.
+
+A queue lives in a broker in the process that created it; every other process
+talks to the broker over one authenticated ``router`` connection::
+
+    writer process                    creator process                     reader process
+    put() ─▶ Sender thread ═PUT═▶  broker: receiver thread ─▶ items  ◀═GET(want)═ get()
+            (batches items)                dispatcher thread ═ITEMS═▶ buffer ─▶ get()
+                                           ◀═RETURN══ (on RECALL)
+
+Exactly once, with batching:
+  1. writers pack many items per frame (``put`` returns at once, as mp's feeder);
+  2. a reader asks for items when its local buffer is empty; the broker grants a
+     fair share (enough to amortise a round trip, never more than half of the
+     backlog per reader) and keeps them *leased* to that reader;
+  3. the reader acknowledges what it consumed in its next request;
+  4. when another reader waits on an empty queue, the broker RECALLs leased but
+     unconsumed items, and the holder RETURNs them (they go back to the front);
+  5. a reader whose connection drops has its unacknowledged items put back.
+The creator's own ``put``/``get`` touch the broker directly (no network).
+``qsize()`` counts queued and leased items, so it is exact when readers are idle.
+A queue lives as long as the process that created it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import math
+import os
+import queue as _stdlib_queue
+import threading
+import time
+import uuid
+import weakref
+from collections import deque
+from typing import Any, Hashable
+
+from fibercore.errors import TransportClosed, TransportTimeout
+from fibercore.runtime import get_runtime
+from fibercore.serialization import dumps_or_explain
+from fibercore.wire import Sender
+
+Empty = _stdlib_queue.Empty
+Full = _stdlib_queue.Full
+
+(PUT, PUTSYNC, PUTACK, CANCEL, CANCELLED, GET, ITEM, EMPTY, RECALL, RETURN, SIZE, SIZEIS,
+ TASKDONE, JOIN, JOINED, BYE) = range(1, 17)
+
+MAX_GRANT = 256
+_brokers: dict[str, _Broker] = {}
+_clients: dict[tuple[int, str], _Client] = {}
+_clients_lock = threading.Lock()
+
+
+def _int(part: Any) -> int:
+    return int(bytes(part))
+
+
+def _b(n: int) -> bytes:
+    return str(n).encode()
+
+
+class _Reader:
+    __slots__ = ("leased", "acked", "recalled")
+
+    def __init__(self) -> None:
+        self.leased: deque[list[Any]] = deque()
+        self.acked = 0
+        self.recalled = False
+
+
+class _Broker:
+    """The queue's state, in the creating process."""
+
+    def __init__(self, qid: str, maxsize: int) -> None:
+        rt = get_runtime()
+        self.qid = qid
+        self.maxsize = maxsize
+        self.cv = threading.Condition(threading.Lock())
+        self.items: deque[list[Any]] = deque()
+        self.unfinished = 0
+        self.readers: dict[Hashable, _Reader] = {}
+        self.waiting: deque[tuple[Hashable, int, bool]] = deque()
+        self.local_getters = 0
+        self.pending_puts: deque[tuple[Hashable, bytes, list[Any]]] = deque()
+        self.join_waiters: list[tuple[Hashable, bytes]] = []
+        self.outbox: list[tuple[Hashable, list[Any]]] = []
+        self.channel = rt.listen("router")
+        self.address = self.channel.address
+        self.channel.on_peer_event(self._peer_event)
+        self.closed = False
+        self.peers = 0
+        threading.Thread(target=self._receive, name=f"fiber-queue-{qid[:8]}-in", daemon=True).start()
+        threading.Thread(target=self._dispatch, name=f"fiber-queue-{qid[:8]}-out", daemon=True).start()
+
+    # -- helpers (cv held) ------------------------------------------------------------------
+    def _grant(self, want: int) -> int:
+        readers = max(1, len(self.readers) + self.local_getters)
+        share = math.ceil(len(self.items) / (2 * readers))
+        return max(1, min(want, share, MAX_GRANT))
+
+    def _leased_count(self) -> int:
+        return sum(len(r.leased) for r in self.readers.values())
+
+    def _room(self) -> bool:
+        return self.maxsize <= 0 or len(self.items) + self._leased_count() < self.maxsize
+
+    def _append(self, parts: list[Any]) -> None:
+        self.items.append(parts)
+        self.unfinished += 1
+
+    def _ack(self, reader: _Reader, consumed_total: int) -> None:
+        for _ in range(consumed_total - reader.acked):
+            if reader.leased:
+                reader.leased.popleft()
+        reader.acked = max(reader.acked, consumed_total)
+
+    def _admit_puts(self) -> None:
+        while self.pending_puts and self._room():
+            peer, req, parts = self.pending_puts.popleft()
+            self._append(parts)
+            self.outbox.append((peer, [(PUTACK, [req])]))
+
+    def _recall(self, exclude: Hashable | None) -> None:
+        for peer, reader in self.readers.items():
+            if peer is not exclude and not reader.recalled and len(reader.leased) > 0:
+                reader.recalled = True
+                self.outbox.append((peer, [(RECALL, [])]))
+
+    def _changed(self) -> None:
+        self.cv.notify_all()
+
+    # -- local operations (the creating process) --------------------------------------------
+    def put_local(self, parts: list[Any], block: bool, timeout: float | None) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self.cv:
+            while not self._room():
+                if not block:
+                    raise Full
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise Full
+                self.cv.wait(remaining)
+            self._append(parts)
+            self._changed()
+
+    def get_local(self, block: bool, timeout: float | None) -> list[Any]:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self.cv:
+            if not self.items:
+                if not block:
+                    raise Empty
+                self.local_getters += 1
+                try:
+                    while not self.items:
+                        self._recall(None)
+                        self._changed()
+                        remaining = None if deadline is None else deadline - time.monotonic()
+                        if remaining is not None and remaining <= 0:
+                            raise Empty
+                        self.cv.wait(remaining)
+                finally:
+                    self.local_getters -= 1
+            parts = self.items.popleft()
+            self._admit_puts()
+            self._changed()
+            return parts
+
+    def task_done_local(self, n: int = 1) -> None:
+        with self.cv:
+            self._task_done(n)
+
+    def _task_done(self, n: int) -> None:
+        self.unfinished = max(0, self.unfinished - n)
+        if self.unfinished == 0:
+            for peer, req in self.join_waiters:
+                self.outbox.append((peer, [(JOINED, [req])]))
+            self.join_waiters.clear()
+        self._changed()
+
+    def join_local(self) -> None:
+        with self.cv:
+            while self.unfinished:
+                self.cv.wait()
+
+    def qsize_local(self) -> int:
+        with self.cv:
+            return len(self.items) + self._leased_count()
+
+    # -- network -----------------------------------------------------------------------------
+    def _peer_event(self, peer: Hashable, added: bool) -> None:
+        with self.cv:
+            self.peers += 1 if added else -1
+            if added:
+                return
+            reader = self.readers.pop(peer, None)
+            if reader is not None:
+                self.items.extendleft(reversed(reader.leased))
+            self.waiting = deque(w for w in self.waiting if w[0] is not peer)
+            self.pending_puts = deque(p for p in self.pending_puts if p[0] is not peer)
+            self.join_waiters = [j for j in self.join_waiters if j[0] is not peer]
+            self._changed()
+
+    def _receive(self) -> None:
+        while True:
+            try:
+                messages, peer = self.channel.recv(timeout=1.0)
+            except TransportTimeout:
+                if self.closed and self.peers <= 0:
+                    self.channel.close()
+                    return
+                continue
+            except TransportClosed:
+                return
+            with self.cv:
+                for op, parts in messages:
+                    try:
+                        self._handle(op, parts, peer)
+                    except (ValueError, IndexError):  # authentic but malformed: skip it
+                        continue
+                self._changed()
+
+    def _handle(self, op: int, parts: list[Any], peer: Hashable) -> None:
+        if op == PUT:
+            self._append(parts)
+        elif op == GET:
+            reader = self.readers.get(peer)
+            if reader is None:
+                reader = self.readers[peer] = _Reader()
+            self._ack(reader, _int(parts[1]))
+            self.waiting.append((peer, _int(parts[0]), parts[2] == b"1"))
+        elif op == RETURN:
+            reader = self.readers.get(peer)
+            if reader is not None:
+                self._ack(reader, _int(parts[0]))
+                n = min(_int(parts[1]), len(reader.leased))
+                back = [reader.leased.pop() for _ in range(n)]
+                self.items.extendleft(back)  # popped last-first: extendleft restores order
+                reader.recalled = False
+        elif op == PUTSYNC:
+            self.pending_puts.append((peer, bytes(parts[0]), parts[1:]))
+            self._admit_puts()
+        elif op == CANCEL:
+            original = bytes(parts[1])
+            before = len(self.pending_puts)
+            self.pending_puts = deque(p for p in self.pending_puts if not (p[0] is peer and p[1] == original))
+            done = b"1" if len(self.pending_puts) < before else b"0"
+            self.outbox.append((peer, [(CANCELLED, [bytes(parts[0]), done])]))
+        elif op == SIZE:
+            reader = self.readers.get(peer)
+            if reader is not None:
+                self._ack(reader, _int(parts[1]))
+            self.outbox.append((peer, [(SIZEIS, [bytes(parts[0]), _b(len(self.items) + self._leased_count())])]))
+        elif op == TASKDONE:
+            self._task_done(_int(parts[0]))
+        elif op == JOIN:
+            if self.unfinished == 0:
+                self.outbox.append((peer, [(JOINED, [bytes(parts[0])])]))
+            else:
+                self.join_waiters.append((peer, bytes(parts[0])))
+
+    def _dispatch(self) -> None:
+        """Serve waiting readers and send replies, outside the receive path."""
+        while True:
+            with self.cv:
+                while True:
+                    if self.waiting and not self.items:
+                        self._recall(None)
+                    if self.outbox or (self.waiting and (self.items or self._nowait_pending())):
+                        break
+                    if self.closed and self.peers <= 0:
+                        return
+                    self.cv.wait(1.0)
+                sends = self.outbox
+                self.outbox = []
+                while self.waiting and (self.items or self.waiting[0][2]):
+                    peer, want, nowait = self.waiting.popleft()
+                    reader = self.readers.get(peer)
+                    if reader is None:
+                        continue
+                    if not self.items:
+                        sends.append((peer, [(EMPTY, [])]))
+                        continue
+                    batch = [self.items.popleft() for _ in range(self._grant(want))]
+                    reader.leased.extend(batch)
+                    sends.append((peer, [(ITEM, parts) for parts in batch]))
+                self._admit_puts()
+                self.cv.notify_all()
+            for peer, messages in sends:
+                try:
+                    self.channel.send(messages, peer)
+                except Exception:  # the peer left; its leases come back via _peer_event
+                    pass
+
+    def _nowait_pending(self) -> bool:
+        return any(w[2] for w in self.waiting)
+
+
+class _Client:
+    """One process's connection to a remote broker (shared by every handle of the queue)."""
+
+    def __init__(self, address: str, qid: str) -> None:
+        rt = get_runtime()
+        self.channel = rt.dial("router", address)
+        self.sender = Sender(self.channel, name=f"fiber-queue-{qid[:8]}-feed")
+        self.cv = threading.Condition(threading.Lock())
+        self.buffer: deque[list[Any]] = deque()
+        self.consumed = 0
+        self.outstanding = False
+        self.empty_reply = False
+        self.replies: dict[bytes, list[Any]] = {}
+        self.req = itertools.count(1)
+        self.closed = False
+        self.gets = 0
+        self.dones = 0
+        threading.Thread(target=self._receive, name=f"fiber-queue-{qid[:8]}-recv", daemon=True).start()
+
+    def _receive(self) -> None:
+        while True:
+            try:
+                messages, _ = self.channel.recv(timeout=None)
+            except TransportTimeout:
+                continue
+            except TransportClosed:
+                return
+            with self.cv:
+                for op, parts in messages:
+                    if op == ITEM:
+                        self.buffer.append(parts)
+                        self.outstanding = False
+                    elif op == EMPTY:
+                        self.outstanding = False
+                        self.empty_reply = True
+                    elif op == RECALL:
+                        n = len(self.buffer)
+                        self.buffer.clear()
+                        self.sender.put((RETURN, [_b(self.consumed), _b(n)]))
+                    elif op in (PUTACK, SIZEIS, JOINED, CANCELLED):
+                        self.replies[bytes(parts[0])] = [op, *parts[1:]]
+                self.cv.notify_all()
+
+    def request(self, op: int, extra: list[Any], timeout: float | None,
+                req: bytes | None = None) -> list[Any] | None:
+        req = req or _b(next(self.req))
+        self.sender.put((op, [req, *extra]))
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self.cv:
+            while req not in self.replies:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return None
+                self.cv.wait(remaining)
+            return self.replies.pop(req)
+
+    def get(self, block: bool, timeout: float | None) -> list[Any]:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self.cv:
+            self.empty_reply = False
+            if not block and not self.buffer and self.outstanding:
+                raise Empty  # a blocking request is already out; nothing has arrived
+            while not self.buffer:
+                if not self.outstanding:
+                    self.sender.put((GET, [_b(MAX_GRANT), _b(self.consumed), b"0" if block else b"1"]))
+                    self.outstanding = True
+                if not block and self.empty_reply:
+                    raise Empty
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise Empty
+                self.cv.wait(remaining if block else (remaining if remaining is not None else 5.0))
+            parts = self.buffer.popleft()
+            self.consumed += 1
+            self.gets += 1
+            return parts
+
+    def give_back(self) -> None:
+        """Return unconsumed items and flush pending puts (process exit, close)."""
+        with self.cv:
+            n = len(self.buffer)
+            self.buffer.clear()
+            if n or self.consumed:
+                try:
+                    self.sender.put((RETURN, [_b(self.consumed), _b(n)]))
+                except TransportClosed:
+                    pass
+        self.sender.flush(timeout=10.0)
+
+
+def _client(address: str, qid: str) -> _Client:
+    key = (os.getpid(), qid)
+    with _clients_lock:
+        client = _clients.get(key)
+        if client is None:
+            client = _clients[key] = _Client(address, qid)
+        return client
+
+
+@atexit.register
+def _at_exit() -> None:
+    for (pid, _), client in list(_clients.items()):
+        if pid == os.getpid():
+            client.give_back()
+
+
+class Queue:
+    """A FIFO queue shared by processes on any backend (``multiprocessing.Queue`` API)."""
+
+    _joinable = False
+
+    def __init__(self, maxsize: int = 0, *, ctx: Any = None) -> None:
+        if maxsize < 0:
+            raise ValueError("maxsize must be >= 0")
+        self._maxsize = maxsize
+        self._qid = uuid.uuid4().hex
+        broker = _Broker(self._qid, maxsize)
+        _brokers[self._qid] = broker
+        self._address = broker.address
+        self._creator = os.getpid()
+        self._closed = False
+        self._finalizer = weakref.finalize(self, _release, self._qid)
+
+    # -- plumbing -----------------------------------------------------------------------------
+    def _local(self) -> _Broker | None:
+        return _brokers.get(self._qid) if os.getpid() == self._creator else None
+
+    def __reduce__(self) -> Any:
+        return (_rebuild, (type(self), self._qid, self._address, self._creator, self._maxsize))
+
+    def _dumps(self, obj: Any) -> list[Any]:
+        return dumps_or_explain(get_runtime().serializer, obj, "an object through a Queue")
+
+    def _check_closed(self) -> None:
+        if self._closed:
+            raise ValueError(f"Queue {self!r} is closed")
+
+    # -- the multiprocessing API ------------------------------------------------------------------
+    def put(self, obj: Any, block: bool = True, timeout: float | None = None) -> None:
+        self._check_closed()
+        parts = self._dumps(obj)
+        broker = self._local()
+        if broker is not None:
+            broker.put_local(parts, block, timeout)
+            return
+        client = _client(self._address, self._qid)
+        if self._maxsize <= 0:
+            client.sender.put((PUT, parts))
+            return
+        wait = None if block and timeout is None else (timeout if block else 0.05)
+        req = _b(next(client.req))
+        reply = client.request(PUTSYNC, parts, wait, req=req)
+        if reply is None:  # no room in time: take the put back unless it already landed
+            result = client.request(CANCEL, [req], None)
+            if result is not None and bytes(result[1]) == b"1":
+                raise Full
+            with client.cv:  # raced: it was admitted meanwhile, so the put succeeded
+                client.replies.pop(req, None)
+
+    def put_nowait(self, obj: Any) -> None:
+        self.put(obj, False)
+
+    def get(self, block: bool = True, timeout: float | None = None) -> Any:
+        self._check_closed()
+        if timeout is not None and timeout < 0:
+            raise ValueError("'timeout' must be a non-negative number")
+        broker = self._local()
+        if broker is not None:
+            parts = broker.get_local(block, timeout)
+        else:
+            client = _client(self._address, self._qid)
+            parts = client.get(block, timeout)
+        return get_runtime().serializer.loads(parts)
+
+    def get_nowait(self) -> Any:
+        return self.get(False)
+
+    def qsize(self) -> int:
+        """Items queued or handed to readers and not yet consumed."""
+        broker = self._local()
+        if broker is not None:
+            return broker.qsize_local()
+        client = _client(self._address, self._qid)
+        client.sender.flush()
+        reply = client.request(SIZE, [_b(client.consumed)], None)
+        assert reply is not None
+        return int(bytes(reply[1])) - len(client.buffer)
+
+    def empty(self) -> bool:
+        broker = self._local()
+        if broker is None:
+            client = _client(self._address, self._qid)
+            if client.buffer:
+                return False
+        return self.qsize() <= 0
+
+    def full(self) -> bool:
+        return self._maxsize > 0 and self.qsize() >= self._maxsize
+
+    def close(self) -> None:
+        """No more puts from this process; what was put is still delivered."""
+        self._closed = True
+        key = (os.getpid(), self._qid)
+        client = _clients.get(key)
+        if client is not None:
+            client.sender.flush(timeout=10.0)
+
+    def join_thread(self) -> None:
+        """Wait until everything this process put has been handed to the broker."""
+        if not self._closed:
+            raise AssertionError("Queue.join_thread() requires close() first")
+        client = _clients.get((os.getpid(), self._qid))
+        if client is not None:
+            client.sender.flush()
+
+    def cancel_join_thread(self) -> None:
+        """Compatibility: puts are flushed at exit with a bounded wait."""
+
+    def __repr__(self) -> str:
+        return f"<fibercore.{type(self).__name__} {self._address} maxsize={self._maxsize}>"
+
+
+class JoinableQueue(Queue):
+    """A Queue with ``task_done()`` and ``join()``."""
+
+    _joinable = True
+
+    def task_done(self) -> None:
+        broker = self._local()
+        if broker is not None:
+            with broker.cv:
+                if broker.unfinished <= 0:
+                    raise ValueError("task_done() called too many times")
+                broker._task_done(1)
+            return
+        client = _client(self._address, self._qid)
+        if client.dones >= client.gets:
+            raise ValueError("task_done() called too many times")
+        client.dones += 1
+        client.sender.put((TASKDONE, [b"1"]))
+
+    def join(self) -> None:
+        broker = self._local()
+        if broker is not None:
+            broker.join_local()
+            return
+        _client(self._address, self._qid).request(JOIN, [], None)
+
+
+class SimpleQueue(Queue):
+    """An unbounded queue with ``get``, ``put``, ``empty`` and ``close`` only."""
+
+    def __init__(self, *, ctx: Any = None) -> None:
+        super().__init__(0)
+
+    def __reduce__(self) -> Any:
+        return (_rebuild, (type(self), self._qid, self._address, self._creator, 0))
+
+
+def _rebuild(cls: type[Queue], qid: str, address: str, creator: int, maxsize: int) -> Queue:
+    q = cls.__new__(cls)
+    q._qid, q._address, q._creator, q._maxsize, q._closed = qid, address, creator, maxsize, False
+    return q
+
+
+def _release(qid: str) -> None:
+    broker = _brokers.pop(qid, None)
+    if broker is not None:
+        broker.closed = True

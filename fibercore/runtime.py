@@ -1,0 +1,173 @@
+"""Per-process state: effective config, plugins, the session and its secret.
+
+Built lazily on first use (or by :func:`init`). In the master, the session id and
+its secret are generated here; in a worker they come from the environment the
+backend delivered (``FIBER_SESSION``, ``FIBER_SECRET`` or ``FIBER_SECRET_FILE``) and
+are removed from ``os.environ`` at once, so user subprocesses do not inherit them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import threading
+from typing import Any
+
+from fibercore import config as _config
+from fibercore.errors import ConfigError
+from fibercore.plugins import Plugins, detect_backend
+from fibercore.wire import Channel
+
+log = logging.getLogger("fibercore")
+
+
+class Runtime:
+    """Everything a process needs to talk to jobs and to its peers."""
+
+    def __init__(self, config: _config.Config, plugins: Plugins, session: str, secret: bytes,
+                 is_worker: bool) -> None:
+        self.config = config
+        self.plugins = plugins
+        self.session = session
+        self.secret = secret
+        self.is_worker = is_worker
+        self.transport = plugins.transport(config)
+        self.serializer = plugins.serializer(config)
+        if self.transport is None or self.serializer is None:  # pragma: no cover - builtins exist
+            raise ConfigError("no transport or serializer plugin is registered")
+        self._listen_host: str | None = None
+
+    @property
+    def backend(self) -> str:
+        return self.plugins.backend
+
+    @property
+    def listen_host(self) -> str:
+        if self._listen_host is None:
+            self._listen_host = self.config.get("listen_host") or self.plugins.listen_host()
+        return self._listen_host
+
+    @property
+    def bind_host(self) -> str:
+        return self.config.get("bind_host") or self.listen_host
+
+    def listen(self, kind: str) -> Channel:
+        """A new authenticated listening channel on the backend's listen host."""
+        endpoint = self.transport.listen(kind, self.bind_host, self.listen_host)
+        return Channel(endpoint, self.secret)
+
+    def dial(self, kind: str, address: str) -> Channel:
+        return Channel(self.transport.dial(kind, address), self.secret)
+
+
+_runtime: Runtime | None = None
+_lock = threading.RLock()
+_extra_plugins: list[Any] = []
+
+
+def _setup_logging(cfg: _config.Config) -> None:
+    logger = logging.getLogger("fibercore")
+    level = "debug" if cfg.get("debug") else cfg.get("log_level", "warning")
+    logger.setLevel(level.upper())
+    path = cfg.get("log_file")
+    if path and not any(getattr(h, "_fiber", False) for h in logger.handlers):
+        if path == "stdout":
+            import sys
+
+            handler: logging.Handler = logging.StreamHandler(sys.stdout)
+        else:
+            handler = logging.FileHandler(path, mode="a")
+        handler._fiber = True  # type: ignore[attr-defined]
+        handler.setFormatter(logging.Formatter("%(asctime)s %(processName)s %(name)s %(levelname)s %(message)s"))
+        logger.addHandler(handler)
+
+
+def _session_from_env() -> tuple[str, bytes] | None:
+    session = os.environ.get("FIBER_SESSION")
+    if not session:
+        return None
+    secret_hex = os.environ.pop("FIBER_SECRET", None)
+    secret_file = os.environ.pop("FIBER_SECRET_FILE", None)
+    if secret_hex is None and secret_file:
+        with open(secret_file) as fh:
+            secret_hex = fh.read().strip()
+    if not secret_hex:
+        raise ConfigError(
+            "FIBER_SESSION is set but neither FIBER_SECRET nor FIBER_SECRET_FILE is: this "
+            "worker cannot authenticate. The backend must deliver the session secret."
+        )
+    return session, bytes.fromhex(secret_hex)
+
+
+def build(init_values: dict[str, Any] | None = None) -> Runtime:
+    init_values = dict(init_values or {})
+    file_values, file_name = _config.read_file_values()
+    env_values = _config.read_env_values(os.environ)
+    backend = (
+        init_values.get("backend")
+        or os.environ.get("FIBER_BACKEND")
+        or file_values.get("backend")
+        or (None if _truthy_env("FIBER_DISABLE_PLUGIN_AUTOLOAD") else detect_backend())
+        or init_values.get("default_backend")
+        or env_values.get("default_backend")
+        or file_values.get("default_backend")
+        or "local"
+    )
+    plugins = Plugins.load(str(backend).strip(), _extra_plugins)
+    options = list(_config.CORE_OPTIONS) + plugins.config_options()
+    cfg = _config.build_config(options, file_values, file_name, env_values, init_values)
+    _setup_logging(cfg)
+    found = _session_from_env()
+    if found is not None:
+        session, secret = found
+        is_worker = bool(os.environ.get("FIBER_MASTER_ADDR"))
+    else:
+        session, secret, is_worker = secrets.token_hex(6), secrets.token_bytes(32), False
+        # Children started through this process's own subprocesses share the session.
+    return Runtime(cfg, plugins, session, secret, is_worker)
+
+
+def _truthy_env(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def get_runtime() -> Runtime:
+    global _runtime
+    rt = _runtime
+    if rt is None:
+        with _lock:
+            if _runtime is None:
+                _runtime = build()
+            rt = _runtime
+    return rt
+
+
+def init(**kwargs: Any) -> _config.Config:
+    """(Re)initialise fibercore with config values that override every other source.
+
+    Unknown keys raise :class:`~fibercore.errors.ConfigError` listing the valid ones.
+    Keeps the session (and its secret) of an existing runtime, so objects already
+    created stay usable.
+    """
+    global _runtime
+    with _lock:
+        new = build(kwargs)
+        if _runtime is not None:
+            new.session, new.secret, new.is_worker = _runtime.session, _runtime.secret, _runtime.is_worker
+        _runtime = new
+    return new.config
+
+
+def register_plugin(plugin: Any) -> None:
+    """Register a plugin object programmatically (takes effect now and on later init())."""
+    _extra_plugins.append(plugin)
+    if _runtime is not None and not _runtime.plugins.pm.is_registered(plugin):
+        _runtime.plugins.pm.register(plugin)
+
+
+def unregister_plugin(plugin: Any) -> None:
+    if plugin in _extra_plugins:
+        _extra_plugins.remove(plugin)
+    if _runtime is not None and _runtime.plugins.pm.is_registered(plugin):
+        _runtime.plugins.pm.unregister(plugin)

@@ -1,0 +1,127 @@
+"""The vocabulary shared by the core and backend plugins.
+
+A backend plugin knows these types and nothing else of the core (DESIGN.md §1):
+`JobSpec` (what to run), `Job` (a handle to what runs), `JobStatus` (where it is)
+and `Option` (a configuration key a plugin declares).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+
+class JobStatus(enum.Enum):
+    """Where a job is in its life, as far as its backend can tell."""
+
+    PENDING = "pending"  # accepted by the backend, not running yet
+    RUNNING = "running"
+    EXITED = "exited"  # finished; the exit code comes from fiber_wait_job
+    UNKNOWN = "unknown"  # the backend cannot tell (lost, deleted, API error)
+
+
+@dataclass
+class JobSpec:
+    """What a backend must start: one job running `command` with `env`.
+
+    `secret_env` holds values (the session secret) that the backend must deliver by
+    its safest means (a Kubernetes Secret, a file, ...) and must never log; a backend
+    that has nothing better merges them into the job's environment.
+    """
+
+    command: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    secret_env: dict[str, str] = field(default_factory=dict)
+    name: str = "fiber-job"
+    image: str | None = None
+    cpu: float | None = None
+    memory: int | None = None  # MiB
+    gpu: int | None = None
+    volumes: dict[str, dict[str, str]] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
+    cwd: str | None = None
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    def __repr__(self) -> str:  # never print secrets
+        return (
+            f"JobSpec(name={self.name!r}, command={self.command!r}, image={self.image!r}, "
+            f"cpu={self.cpu}, memory={self.memory}, gpu={self.gpu}, labels={self.labels!r})"
+        )
+
+
+@dataclass(eq=False)
+class Job:
+    """A backend's handle to a started job.
+
+    `jid` is the backend's identifier (a pid, a container id, a pod name, a Batch job
+    id); `data` is whatever the backend keeps for itself; `pid` is an OS pid when the
+    backend has one (local), used as `Process.pid`.
+    """
+
+    jid: str
+    backend: str
+    data: Any = None
+    host: str | None = None
+    pid: int | None = None
+    spec: JobSpec | None = None
+
+    def __repr__(self) -> str:
+        return f"Job(jid={self.jid!r}, backend={self.backend!r}, pid={self.pid})"
+
+
+def _to_bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, (int, float)):
+        return bool(value)
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on", "y", "t"):
+        return True
+    if text in ("0", "false", "no", "off", "n", "f", ""):
+        return False
+    raise ValueError(f"expected a boolean (true/false, yes/no, 1/0), got {value!r}")
+
+
+@dataclass(frozen=True)
+class Option:
+    """A typed configuration key declared by the core or by a plugin.
+
+    `type` is one of bool, int, float, str (or a callable converting a string);
+    `default` None means "not set". `choices` restricts the accepted values.
+    """
+
+    name: str
+    type: type | Callable[[Any], Any]
+    default: Any = None
+    help: str = ""
+    choices: tuple[Any, ...] | None = None
+    plugin: str = "fibercore"
+
+    def convert(self, value: Any) -> Any:
+        """Turn `value` (often a string from a file or the environment) into this type."""
+        if value is None:
+            return None
+        if self.type is bool:
+            out: Any = _to_bool(value)
+        elif self.type in (int, float):
+            if isinstance(value, bool):
+                raise ValueError(f"expected {self.type.__name__}, got {value!r}")
+            text = value.strip() if isinstance(value, str) else value
+            if isinstance(text, str) and text.lower() in ("none", "null", ""):
+                return None
+            out = self.type(text)  # type: ignore[operator]
+        elif self.type is str:
+            out = str(value)
+        else:
+            out = self.type(value)  # type: ignore[operator]
+        if self.choices is not None and out not in self.choices:
+            raise ValueError(f"expected one of {', '.join(map(str, self.choices))}; got {value!r}")
+        return out
+
+    @property
+    def type_name(self) -> str:
+        return getattr(self.type, "__name__", str(self.type))
+
+
+__all__ = ["Job", "JobSpec", "JobStatus", "Option"]

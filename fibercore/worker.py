@@ -1,0 +1,122 @@
+"""The worker entry point: ``python -m fibercore.worker`` inside every job.
+
+Follows the admin protocol of :mod:`fibercore.admin`: dial the master, HELLO with
+the one-time token, receive PREP (authenticated before anything is unpickled),
+apply the master's ``sys.path`` and working directory, run the process, report
+EXIT. A watchdog thread keeps listening to the master: when the connection closes
+or the heartbeat stops, the worker stops its own children and exits, so a dead
+master leaves no orphan jobs.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import socket
+import sys
+import threading
+import time
+
+EXIT_MASTER_GONE = 75
+EXIT_BOOTSTRAP_FAILED = 76
+
+
+def _die(message: str, code: int) -> None:
+    try:
+        sys.stderr.write(f"fibercore worker {os.getpid()}: {message}\n")
+        sys.stderr.flush()
+    except Exception:
+        pass
+    try:
+        from fibercore import process
+
+        process._terminate_all(force=True)
+    except Exception:
+        pass
+    os._exit(code)
+
+
+def main() -> int:
+    address = os.environ.get("FIBER_MASTER_ADDR")
+    token = os.environ.pop("FIBER_TOKEN", None)
+    if not address or not token:
+        sys.stderr.write(
+            "fibercore.worker is started by fibercore for a Process; it needs FIBER_MASTER_ADDR "
+            "and FIBER_TOKEN from the master. Do not run it by hand.\n"
+        )
+        return 2
+
+    from fibercore import admin
+    from fibercore.errors import TransportClosed, TransportTimeout
+    from fibercore.runtime import get_runtime
+
+    rt = get_runtime()
+    timeout = float(rt.config.get("start_timeout") or 120.0)
+    channel = rt.dial("router", address)
+    channel.send([(admin.HELLO, [token.encode(), str(os.getpid()).encode(), socket.gethostname().encode()])])
+    deadline = time.monotonic() + timeout
+    prep_parts = None
+    while prep_parts is None:
+        try:
+            messages, _ = channel.recv(timeout=max(0.0, deadline - time.monotonic()))
+        except (TransportTimeout, TransportClosed):
+            _die(f"the master at {address} did not answer within {timeout:.0f} s", EXIT_BOOTSTRAP_FAILED)
+            return EXIT_BOOTSTRAP_FAILED
+        for op, parts in messages:
+            if op == admin.PREP:
+                prep_parts = parts
+            elif op == admin.ERROR:
+                _die(f"the master refused this worker: {bytes(parts[0]).decode()}", EXIT_BOOTSTRAP_FAILED)
+
+    prep = pickle.loads(prep_parts[0])  # authenticated: unseal() checked the frame
+    for entry in reversed(prep["sys_path"]):
+        if entry not in sys.path:
+            sys.path.insert(0, entry)
+    if os.path.isdir(prep["cwd"]):
+        os.chdir(prep["cwd"])
+
+    connected = threading.Event()
+    connected.set()
+    last_heard = [time.monotonic()]
+    hb_timeout = float(rt.config.get("heartbeat_timeout") or 20.0)
+
+    def on_peer(peer: object, added: bool) -> None:
+        if not added:
+            connected.clear()
+            _die(f"the connection to the master at {address} closed; exiting", EXIT_MASTER_GONE)
+
+    channel.on_peer_event(on_peer)
+
+    def watchdog() -> None:
+        while True:
+            try:
+                channel.recv(timeout=1.0)
+                last_heard[0] = time.monotonic()
+            except TransportTimeout:
+                if time.monotonic() - last_heard[0] > hb_timeout:
+                    _die(f"no heartbeat from the master at {address} for {hb_timeout:.0f} s", EXIT_MASTER_GONE)
+            except TransportClosed:
+                return
+
+    threading.Thread(target=watchdog, name="fiber-watchdog", daemon=True).start()
+
+    from fibercore import process as _process
+
+    process_obj = rt.serializer.loads(prep_parts[1:])
+    parent = _process._ParentProcess(prep["parent_name"], prep["parent_pid"], prep["parent_host"],
+                                     connected.is_set)
+    rt.plugins.worker_start(rt.config)
+    exitcode = process_obj._bootstrap(parent)
+    try:
+        channel.send([(admin.EXIT, [str(exitcode).encode()])])
+        time.sleep(0.005)  # let nng flush the frame before the socket goes
+    except Exception:
+        pass
+    return exitcode
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

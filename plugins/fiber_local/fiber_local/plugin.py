@@ -1,0 +1,214 @@
+"""Local backend: each job is a child process of the master (``subprocess.Popen``).
+
+Why a plugin and not core code: it is replaceable like every backend, and it is the
+reference a third party reads to write ``fiber-slurm``. It depends only on pluggy;
+fibercore's types are imported when a hook runs (fibercore depends on fiber-local,
+not the other way round).
+
+Output: a single pump thread reads every child's stdout and stderr, echoes them to
+the master's (so ``print`` in a worker shows up as with multiprocessing) and keeps
+the last 64 KiB per job for ``fiber_job_logs`` and start-up errors.
+
+What it ignores: ``cpu``, ``memory`` and ``gpu`` limits (a local process shares the
+machine); images and volumes.
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import threading
+from typing import Any
+
+import pluggy
+
+hookimpl = pluggy.HookimplMarker("fiber")
+
+NAME = "local"
+_TAIL = 64 * 1024
+
+
+class _LogPump:
+    """One thread that drains every child's output pipes."""
+
+    def __init__(self) -> None:
+        self._sel = selectors.DefaultSelector()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        self._sel.register(self._wake_r, selectors.EVENT_READ, None)
+        self.echo = True
+
+    def add(self, fd: int, target_fd: int, tail: bytearray) -> None:
+        os.set_blocking(fd, False)
+        with self._lock:
+            self._sel.register(fd, selectors.EVENT_READ, (target_fd, tail))
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="fiber-local-logs", daemon=True)
+                self._thread.start()
+        os.write(self._wake_w, b"x")
+
+    def _run(self) -> None:
+        while True:
+            for key, _ in self._sel.select():
+                if key.data is None:
+                    try:
+                        os.read(self._wake_r, 4096)
+                    except BlockingIOError:
+                        pass
+                    continue
+                target_fd, tail = key.data
+                try:
+                    chunk = os.read(key.fd, 65536)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    chunk = b""
+                if not chunk:
+                    with self._lock:
+                        self._sel.unregister(key.fd)
+                    os.close(key.fd)
+                    continue
+                tail += chunk
+                if len(tail) > _TAIL:
+                    del tail[: len(tail) - _TAIL]
+                if self.echo:
+                    try:
+                        os.write(target_fd, chunk)
+                    except OSError:
+                        pass
+
+
+_pump = _LogPump()
+
+
+class LocalJob:
+    """What the local backend keeps per job."""
+
+    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
+        self.popen = popen
+        self.tail = bytearray()
+
+
+def _local(job: Any) -> LocalJob | None:
+    if getattr(job, "backend", None) != NAME or not isinstance(job.data, LocalJob):
+        return None
+    return job.data
+
+
+@hookimpl
+def fiber_config_options() -> list[Any]:
+    from fibercore.types import Option
+
+    return [
+        Option("local_echo_output", bool, True,
+               "Echo the output of local jobs to the master's stdout/stderr.", plugin="fiber-local"),
+    ]
+
+
+@hookimpl
+def fiber_listen_host() -> str:
+    return "127.0.0.1"
+
+
+@hookimpl
+def fiber_create_job(spec: Any) -> Any:
+    from fibercore.runtime import get_runtime
+    from fibercore.types import Job
+
+    env = dict(os.environ)
+    env.update(spec.env)
+    env.update(spec.secret_env)  # same user, same machine: the environment is private to it
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    cwd = spec.cwd if spec.cwd and os.path.isdir(spec.cwd) else None
+    _pump.echo = bool(get_runtime().config.get("local_echo_output", True))
+    popen = subprocess.Popen(
+        spec.command,
+        env=env,
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        close_fds=True,
+    )
+    data = LocalJob(popen)
+    assert popen.stdout is not None and popen.stderr is not None
+    _pump.add(os.dup(popen.stdout.fileno()), sys.__stdout__.fileno() if sys.__stdout__ else 1, data.tail)
+    _pump.add(os.dup(popen.stderr.fileno()), sys.__stderr__.fileno() if sys.__stderr__ else 2, data.tail)
+    popen.stdout.close()
+    popen.stderr.close()
+    return Job(jid=str(popen.pid), backend=NAME, data=data, host="127.0.0.1", pid=popen.pid, spec=spec)
+
+
+@hookimpl
+def fiber_job_status(job: Any) -> Any:
+    from fibercore.types import JobStatus
+
+    data = _local(job)
+    if data is None:
+        return None
+    return JobStatus.RUNNING if data.popen.poll() is None else JobStatus.EXITED
+
+
+@hookimpl
+def fiber_wait_job(job: Any, timeout: float | None) -> int | None:
+    data = _local(job)
+    if data is None:
+        return None
+    try:
+        return data.popen.wait(timeout)
+    except subprocess.TimeoutExpired:
+        return None
+
+
+@hookimpl
+def fiber_terminate_job(job: Any, force: bool) -> bool | None:
+    data = _local(job)
+    if data is None:
+        return None
+    if data.popen.poll() is None:
+        try:
+            data.popen.send_signal(signal.SIGKILL if force else signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    return True
+
+
+@hookimpl
+def fiber_job_logs(job: Any) -> str | None:
+    data = _local(job)
+    if data is None:
+        return None
+    return bytes(data.tail).decode("utf-8", "replace")
+
+
+@hookimpl
+def fiber_cleanup_jobs(session: str | None) -> int:
+    """Kill local workers of ``session`` (any fiber session when None) left by a dead master."""
+    count = 0
+    me = os.getpid()
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as fh:
+                env = dict(
+                    item.split(b"=", 1) for item in fh.read().split(b"\0") if b"=" in item
+                )
+        except OSError:
+            continue
+        found = env.get(b"FIBER_SESSION")
+        if found is None or b"FIBER_MASTER_ADDR" not in env:
+            continue
+        if session is not None and found.decode() != session:
+            continue
+        try:
+            os.kill(int(entry), signal.SIGKILL)
+            count += 1
+        except OSError:
+            pass
+    return count
