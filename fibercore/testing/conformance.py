@@ -1,0 +1,246 @@
+"""The backend conformance suite (DESIGN.md §8): one class, bound per backend.
+
+Each test starts real jobs through the public API, so it checks the backend's
+hooks as users exercise them: lifecycle, exit codes, terminate and kill, join
+timeouts, logs, environment and config propagation, queues and pipes across jobs,
+start-up failures with logs, and cleanup. Targets are module-level functions so
+that every backend (including container ones) can import them in the worker.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any, ClassVar
+
+import pytest
+
+import fibercore as fc
+from fibercore.errors import JobStartError, ProcessError
+from fibercore.types import JobStatus
+
+# -- job targets (importable by workers) -------------------------------------------------------
+
+
+def exit_with(code: int) -> None:
+    sys.exit(code)
+
+
+def raise_error(message: str) -> None:
+    raise RuntimeError(message)
+
+
+def sleep_for(seconds: float) -> None:
+    time.sleep(seconds)
+
+
+def print_marker(marker: str) -> None:
+    print(marker, flush=True)
+    print(marker + "-stderr", file=sys.stderr, flush=True)
+
+
+def report_environment(q: Any) -> None:
+    rt = fc.get_runtime()
+    q.put({
+        "backend": rt.backend,
+        "session": rt.session,
+        "name": fc.current_process().name,
+        "parent": fc.parent_process().name if fc.parent_process() else None,
+        "secret_in_env": "FIBER_SECRET" in os.environ,
+        "start_timeout": rt.config.get("start_timeout"),
+    })
+
+
+def produce(q: Any, start: int, count: int) -> None:
+    for i in range(start, start + count):
+        q.put(i)
+
+
+def consume(q: Any, out: Any, count: int) -> None:
+    out.put(sorted(q.get(timeout=60) for _ in range(count)))
+
+
+def echo_pipe(conn: Any) -> None:
+    while True:
+        try:
+            item = conn.recv()
+        except EOFError:
+            return
+        if item is None:
+            conn.close()
+            return
+        conn.send(item)
+
+
+def spawn_grandchild(q: Any) -> None:
+    p = fc.Process(target=report_environment, args=(q,))
+    p.start()
+    p.join(60)
+    q.put(p.exitcode)
+
+
+class BackendConformance:
+    """Subclass with ``backend = "<name>"`` (and ``config``) to run the suite on a backend."""
+
+    backend: ClassVar[str] = "local"
+    config: ClassVar[dict[str, Any]] = {}
+    #: An interpreter path that exists where jobs run but is not a working Python,
+    #: used to check start-up failures (None skips that test).
+    broken_python_exe: ClassVar[str | None] = "/bin/false"
+    #: Exit code a terminated job reports (None: any non-zero code is accepted).
+    terminate_exitcode: ClassVar[int | None] = None
+    timeout: ClassVar[float] = 60.0
+
+    @pytest.fixture(autouse=True)
+    def _fiber_backend(self) -> Any:
+        fc.init(backend=self.backend, **self.config)
+        yield
+        for p in fc.active_children():
+            p.kill()
+            p.join(10)
+        fc.init()
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def test_exit_code_zero(self) -> None:
+        p = fc.Process(target=sleep_for, args=(0,))
+        assert p.exitcode is None
+        p.start()
+        p.join(self.timeout)
+        assert p.exitcode == 0
+        assert not p.is_alive()
+        assert p not in fc.active_children()
+
+    def test_exit_code_from_sys_exit(self) -> None:
+        p = fc.Process(target=exit_with, args=(3,))
+        p.start()
+        p.join(self.timeout)
+        assert p.exitcode == 3
+
+    def test_exception_gives_exit_code_1_and_traceback_in_logs(self) -> None:
+        p = fc.Process(target=raise_error, args=("conformance-boom",))
+        p.start()
+        p.join(self.timeout)
+        assert p.exitcode == 1
+        deadline = time.monotonic() + 10
+        while "conformance-boom" not in p.logs() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert "RuntimeError: conformance-boom" in p.logs()
+
+    def test_join_timeout_and_is_alive(self) -> None:
+        p = fc.Process(target=sleep_for, args=(30,))
+        p.start()
+        assert p.pid is not None
+        t0 = time.monotonic()
+        p.join(0.3)
+        assert time.monotonic() - t0 < 5
+        assert p.is_alive() and p.exitcode is None
+        assert p in fc.active_children()
+        p.kill()
+        p.join(self.timeout)
+        assert not p.is_alive()
+
+    def test_terminate(self) -> None:
+        p = fc.Process(target=sleep_for, args=(60,))
+        p.start()
+        p.terminate()
+        p.terminate()  # idempotent
+        p.join(self.timeout)
+        assert p.exitcode is not None and p.exitcode != 0
+        if self.terminate_exitcode is not None:
+            assert p.exitcode == self.terminate_exitcode
+        p.terminate()  # terminating a finished job is not an error
+
+    def test_kill(self) -> None:
+        p = fc.Process(target=sleep_for, args=(60,))
+        p.start()
+        p.kill()
+        p.join(self.timeout)
+        assert p.exitcode is not None and p.exitcode != 0
+        assert fc.get_runtime().plugins.job_status(p.job) in (JobStatus.EXITED, JobStatus.UNKNOWN)
+
+    def test_logs(self) -> None:
+        marker = f"conformance-marker-{os.getpid()}-{time.time_ns()}"
+        p = fc.Process(target=print_marker, args=(marker,))
+        p.start()
+        p.join(self.timeout)
+        assert p.exitcode == 0
+        deadline = time.monotonic() + 10
+        while marker + "-stderr" not in p.logs() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert marker in p.logs()
+        assert marker + "-stderr" in p.logs()
+
+    def test_env_and_config_propagate(self) -> None:
+        fc.init(backend=self.backend, start_timeout=97.0, **self.config)
+        q = fc.Queue()
+        p = fc.Process(target=report_environment, args=(q,), name="conformance-env")
+        p.start()
+        seen = q.get(timeout=self.timeout)
+        p.join(self.timeout)
+        rt = fc.get_runtime()
+        assert seen["backend"] == self.backend
+        assert seen["session"] == rt.session
+        assert seen["name"] == "conformance-env"
+        assert seen["parent"] == "MainProcess"
+        assert seen["start_timeout"] == 97.0
+        assert seen["secret_in_env"] is False  # removed from the worker's environment
+
+    def test_nested_process(self) -> None:
+        q = fc.Queue()
+        p = fc.Process(target=spawn_grandchild, args=(q,))
+        p.start()
+        inner = q.get(timeout=self.timeout)
+        assert q.get(timeout=self.timeout) == 0
+        p.join(self.timeout)
+        assert p.exitcode == 0
+        assert inner["parent"] == p.name
+
+    # -- communication across jobs --------------------------------------------------------------------
+    def test_queue_across_jobs(self) -> None:
+        q, out = fc.Queue(), fc.Queue()
+        producers = [fc.Process(target=produce, args=(q, i * 100, 100)) for i in range(2)]
+        consumer = fc.Process(target=consume, args=(q, out, 200))
+        for p in [*producers, consumer]:
+            p.start()
+        got = out.get(timeout=self.timeout)
+        for p in [*producers, consumer]:
+            p.join(self.timeout)
+            assert p.exitcode == 0
+        assert got == list(range(200))
+
+    def test_pipe_across_jobs(self) -> None:
+        here, there = fc.Pipe()
+        p = fc.Process(target=echo_pipe, args=(there,))
+        p.start()
+        for item in [1, "two", b"three", {"four": [4]}]:
+            here.send(item)
+            assert here.recv() == item
+        here.send(None)
+        with pytest.raises(EOFError):
+            here.recv()
+        p.join(self.timeout)
+        assert p.exitcode == 0
+
+    # -- failures and cleanup -----------------------------------------------------------------------
+    def test_start_failure_reports_status_and_logs(self) -> None:
+        if self.broken_python_exe is None:
+            pytest.skip("backend declares no broken interpreter path")
+        fc.init(backend=self.backend, python_exe=self.broken_python_exe, start_timeout=30, **self.config)
+        p = fc.Process(target=sleep_for, args=(0,))
+        with pytest.raises(ProcessError) as info:
+            p.start()
+        text = str(info.value)
+        assert "failed to start" in text or "could not start" in text
+        if isinstance(info.value, JobStartError):
+            assert "job logs" in text and info.value.status is not None
+
+    def test_no_job_left_after_join(self) -> None:
+        procs = [fc.Process(target=sleep_for, args=(0.1,)) for _ in range(3)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(self.timeout)
+        assert fc.active_children() == []
+        for p in procs:
+            assert fc.get_runtime().plugins.job_status(p.job) in (JobStatus.EXITED, JobStatus.UNKNOWN)

@@ -1,0 +1,8 @@
+"""fiber-local runs fibercore's backend conformance suite."""
+
+from fibercore.testing import BackendConformance
+
+
+class TestLocalBackend(BackendConformance):
+    backend = "local"
+    terminate_exitcode = -15  # SIGTERM, as multiprocessing reports it
