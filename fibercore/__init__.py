@@ -7,6 +7,8 @@ jobs on any backend. See README.md and docs/.
 
 from __future__ import annotations
 
+from typing import Any
+
 from fibercore.connection import Connection
 from fibercore.context import FiberContext, _default_context
 from fibercore.errors import (
@@ -45,8 +47,8 @@ get_logger = _default_context.get_logger
 log_to_stderr = _default_context.log_to_stderr
 
 
-def config() -> object:
-    """The effective configuration (typed; ``config().backend``, ``.origin(key)``)."""
+def get_config() -> Any:
+    """The effective configuration (typed; ``get_config().start_timeout``, ``.origin(key)``)."""
     return get_runtime().config
 
 
@@ -72,7 +74,7 @@ __all__ = [
     "TimeoutError",
     "active_children",
     "allow_connection_pickling",
-    "config",
+    "get_config",
     "cpu_count",
     "current_process",
     "freeze_support",

@@ -31,7 +31,8 @@ import logging
 import secrets
 import threading
 import time
-from typing import Any, Hashable
+from collections.abc import Hashable
+from typing import Any
 
 from fibercore.errors import TransportClosed, TransportTimeout
 from fibercore.runtime import Runtime, get_runtime

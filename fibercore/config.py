@@ -20,8 +20,9 @@ import configparser
 import logging
 import os
 import warnings
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from fibercore.errors import ConfigError
 from fibercore.types import Option

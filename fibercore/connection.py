@@ -42,6 +42,7 @@ class _PipeHome:
         self.channel = get_runtime().listen("pair")
         self.address = self.channel.address
         self.claimed = False
+        self.closed_sides: set[int] = set()
         self.users = 2
         self.lock = threading.Lock()
 
@@ -58,7 +59,9 @@ class Connection:
     """One end of a Pipe (the ``multiprocessing.connection.Connection`` API)."""
 
     def __init__(self, pipe_id: str, address: str, creator_pid: int, readable: bool = True,
-                 writable: bool = True) -> None:
+                 writable: bool = True, side: int = 0) -> None:
+        self._side = side
+        self._pickled = False
         self._pipe_id = pipe_id
         self._address = address
         self._creator_pid = creator_pid
@@ -122,8 +125,12 @@ class Connection:
         deadline = None if timeout is None else time.monotonic() + timeout
         while not self._inbox:
             step = 0.5 if deadline is None else min(0.5, max(0.0, deadline - time.monotonic()))
+            if not self._eof and os.getpid() == self._creator_pid:
+                home = _homes.get(self._pipe_id)
+                if home is not None and (1 - self._side) in home.closed_sides:
+                    self._eof = True  # the other end was closed here without ever connecting
             if self._eof:
-                step = 0.0  # drain what arrived before the end, then stop
+                step = 0.2  # drain frames still in flight when the peer left, then stop
             try:
                 messages, _ = channel.recv(step)
             except TransportTimeout:
@@ -230,6 +237,8 @@ class Connection:
             self._channel.close()
         home = _homes.get(self._pipe_id) if os.getpid() == self._creator_pid else None
         if home is not None:
+            if not self._pickled:  # no copy elsewhere can still write: the reader sees EOF
+                home.closed_sides.add(self._side)
             home.release()
         self._channel = None
 
@@ -244,14 +253,17 @@ class Connection:
         self.close()
 
     def __reduce__(self) -> Any:
-        return (_rebuild, (self._pipe_id, self._address, self._creator_pid, self._readable, self._writable))
+        self._pickled = True
+        return (_rebuild, (self._pipe_id, self._address, self._creator_pid, self._readable,
+                           self._writable, self._side))
 
     def __repr__(self) -> str:
         return f"<fibercore Connection {self._address} {'closed' if self._closed else 'open'}>"
 
 
-def _rebuild(pipe_id: str, address: str, creator_pid: int, readable: bool, writable: bool) -> Connection:
-    return Connection(pipe_id, address, creator_pid, readable, writable)
+def _rebuild(pipe_id: str, address: str, creator_pid: int, readable: bool, writable: bool,
+             side: int) -> Connection:
+    return Connection(pipe_id, address, creator_pid, readable, writable, side)
 
 
 def Pipe(duplex: bool = True) -> tuple[Connection, Connection]:
@@ -260,9 +272,10 @@ def Pipe(duplex: bool = True) -> tuple[Connection, Connection]:
     _homes[home.id] = home
     pid = os.getpid()
     if duplex:
-        return Connection(home.id, home.address, pid), Connection(home.id, home.address, pid)
-    return (Connection(home.id, home.address, pid, writable=False),
-            Connection(home.id, home.address, pid, readable=False))
+        return (Connection(home.id, home.address, pid, side=0),
+                Connection(home.id, home.address, pid, side=1))
+    return (Connection(home.id, home.address, pid, writable=False, side=0),
+            Connection(home.id, home.address, pid, readable=False, side=1))
 
 
 def wait(object_list: list[Any], timeout: float | None = None) -> list[Any]:
@@ -283,6 +296,10 @@ def wait(object_list: list[Any], timeout: float | None = None) -> list[Any]:
 
 @atexit.register
 def _flush_all() -> None:
+    """At exit, deliver what was sent and tell peers (their recv() then raises EOFError)."""
     for conn in list(_open):
         if conn._sender is not None and not conn._closed:
-            conn._sender.flush(timeout=5.0)
+            try:
+                conn.close()
+            except Exception:
+                pass

@@ -26,9 +26,10 @@ import importlib
 import logging
 import os
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
 from importlib import metadata
-from typing import Any, Iterable
+from typing import Any
 
 import pluggy
 
@@ -200,7 +201,7 @@ class Plugins:
         options: list[Option] = []
         for impl, result in zip(
             reversed(self.pm.hook.fiber_config_options.get_hookimpls()),
-            self.pm.hook.fiber_config_options(),
+            self.pm.hook.fiber_config_options(), strict=False,
         ):
             for opt in result or ():
                 if opt.plugin == "fibercore":

@@ -14,7 +14,8 @@ import os
 import signal
 import sys
 import threading
-from typing import Any, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from fibercore.errors import ProcessError
 
@@ -218,16 +219,16 @@ class Process:
         else:
             code = self._popen.poll()
             status = "stopped" if code is not None else "started"
-        info = [type(self).__name__, "name=%r" % self._name]
+        info = [type(self).__name__, f"name={self._name!r}"]
         if self._popen is not None:
-            info.append("pid=%s" % self._popen.pid)
-        info.append("parent=%s" % self._parent_pid)
+            info.append(f"pid={self._popen.pid}")
+        info.append(f"parent={self._parent_pid}")
         info.append(status)
         if code is not None:
-            info.append("exitcode=%s" % _exitcode_to_name(code))
+            info.append(f"exitcode={_exitcode_to_name(code)}")
         if self.daemon:
             info.append("daemon")
-        return "<%s>" % " ".join(info)
+        return "<{}>".format(" ".join(info))
 
     # -- pickling (the process object travels to its job) ---------------------------------
     def __getstate__(self) -> dict[str, Any]:
@@ -265,7 +266,7 @@ class Process:
             exitcode = 1
             import traceback
 
-            sys.stderr.write("Process %s:\n" % self.name)
+            sys.stderr.write(f"Process {self.name}:\n")
             traceback.print_exc()
         finally:
             _exit_function()

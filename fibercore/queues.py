@@ -34,7 +34,8 @@ import time
 import uuid
 import weakref
 from collections import deque
-from typing import Any, Hashable
+from collections.abc import Hashable
+from typing import Any
 
 from fibercore.errors import TransportClosed, TransportTimeout
 from fibercore.runtime import get_runtime
@@ -91,6 +92,7 @@ class _Broker:
         self.channel.on_peer_event(self._peer_event)
         self.closed = False
         self.peers = 0
+        self.departed: deque[tuple[Hashable, float]] = deque()
         threading.Thread(target=self._receive, name=f"fiber-queue-{qid[:8]}-in", daemon=True).start()
         threading.Thread(target=self._dispatch, name=f"fiber-queue-{qid[:8]}-out", daemon=True).start()
 
@@ -192,8 +194,19 @@ class _Broker:
     def _peer_event(self, peer: Hashable, added: bool) -> None:
         with self.cv:
             self.peers += 1 if added else -1
-            if added:
-                return
+            if not added:
+                # Frames the peer sent before leaving may still be queued in the
+                # transport: settle its leases a little later, in the receive thread.
+                self.departed.append((peer, time.monotonic()))
+
+    def _settle_departed(self) -> None:
+        now = time.monotonic()
+        while self.departed and now - self.departed[0][1] > 0.3:
+            peer, _ = self.departed.popleft()
+            self._forget_peer(peer)
+
+    def _forget_peer(self, peer: Hashable) -> None:
+        with self.cv:
             reader = self.readers.pop(peer, None)
             if reader is not None:
                 self.items.extendleft(reversed(reader.leased))
@@ -204,10 +217,12 @@ class _Broker:
 
     def _receive(self) -> None:
         while True:
+            if self.departed:
+                self._settle_departed()
             try:
-                messages, peer = self.channel.recv(timeout=1.0)
+                messages, peer = self.channel.recv(timeout=0.25)
             except TransportTimeout:
-                if self.closed and self.peers <= 0:
+                if self.closed and self.peers <= 0 and not self.departed:
                     self.channel.close()
                     return
                 continue
@@ -314,6 +329,7 @@ class _Client:
         self.closed = False
         self.gets = 0
         self.dones = 0
+        self.wrote = False
         threading.Thread(target=self._receive, name=f"fiber-queue-{qid[:8]}-recv", daemon=True).start()
 
     def _receive(self) -> None:
@@ -385,6 +401,11 @@ class _Client:
                 except TransportClosed:
                     pass
         self.sender.flush(timeout=10.0)
+        if self.wrote:
+            self.wrote = False
+            # A round trip proves the broker has taken every item this process put, so
+            # that (as with multiprocessing) a process's puts are in the queue once it exited.
+            self.request(SIZE, [_b(self.consumed)], 10.0)
 
 
 def _client(address: str, qid: str) -> _Client:
@@ -443,6 +464,7 @@ class Queue:
             broker.put_local(parts, block, timeout)
             return
         client = _client(self._address, self._qid)
+        client.wrote = True
         if self._maxsize <= 0:
             client.sender.put((PUT, parts))
             return

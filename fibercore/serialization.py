@@ -7,7 +7,8 @@ memory, which are never copied into the pickle stream) and back.
 
 from __future__ import annotations
 
-from typing import Any, Protocol, Sequence, runtime_checkable
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
 
 from fibercore.errors import SerializationError
 

@@ -15,7 +15,8 @@ The transport moves bytes only. Authentication and framing are the core's job
 
 from __future__ import annotations
 
-from typing import Callable, Hashable, Protocol, runtime_checkable
+from collections.abc import Callable, Hashable
+from typing import Protocol, runtime_checkable
 
 PeerCallback = Callable[[Hashable, bool], None]  # (peer, added?)
 

@@ -8,8 +8,9 @@ and `Option` (a configuration key a plugin declares).
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 
 class JobStatus(enum.Enum):

@@ -31,7 +31,8 @@ import sys
 import threading
 import time
 from array import array
-from typing import Any, Hashable, Sequence
+from collections.abc import Hashable, Sequence
+from typing import Any
 
 from fibercore.errors import TransportClosed, TransportTimeout
 from fibercore.transport import Endpoint

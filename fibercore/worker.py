@@ -80,8 +80,10 @@ def main() -> int:
     last_heard = [time.monotonic()]
     hb_timeout = float(rt.config.get("heartbeat_timeout") or 20.0)
 
+    finishing = threading.Event()
+
     def on_peer(peer: object, added: bool) -> None:
-        if not added:
+        if not added and not finishing.is_set():
             connected.clear()
             _die(f"the connection to the master at {address} closed; exiting", EXIT_MASTER_GONE)
 
@@ -93,7 +95,7 @@ def main() -> int:
                 channel.recv(timeout=1.0)
                 last_heard[0] = time.monotonic()
             except TransportTimeout:
-                if time.monotonic() - last_heard[0] > hb_timeout:
+                if time.monotonic() - last_heard[0] > hb_timeout and not finishing.is_set():
                     _die(f"no heartbeat from the master at {address} for {hb_timeout:.0f} s", EXIT_MASTER_GONE)
             except TransportClosed:
                 return
@@ -107,9 +109,26 @@ def main() -> int:
                                      connected.is_set)
     rt.plugins.worker_start(rt.config)
     exitcode = process_obj._bootstrap(parent)
+    finishing.set()
+    from fibercore import connection, queues
+
+    for flush in (queues._at_exit, connection._flush_all):  # deliver what user code sent
+        try:
+            flush()
+        except Exception:
+            pass
     try:
         channel.send([(admin.EXIT, [str(exitcode).encode()])])
-        time.sleep(0.005)  # let nng flush the frame before the socket goes
+    except Exception:
+        pass
+    time.sleep(0.02)  # nng has no linger: let the last frames leave before nng_fini
+    try:  # user atexit hooks; not pynng's nng_fini, which can block on live sockets
+        import atexit
+
+        prepare_exit = getattr(rt.transport, "prepare_exit", None)
+        if prepare_exit is not None:
+            prepare_exit()
+        atexit._run_exitfuncs()
     except Exception:
         pass
     return exitcode

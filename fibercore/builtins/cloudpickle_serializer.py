@@ -10,7 +10,8 @@ they are not copied into the pickle stream.
 from __future__ import annotations
 
 import pickle
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import cloudpickle
 

@@ -13,7 +13,8 @@ The receive size limit is lifted (nng's default is 1 MiB).
 from __future__ import annotations
 
 import threading
-from typing import Any, Hashable
+from collections.abc import Hashable
+from typing import Any
 
 import pynng
 
@@ -103,6 +104,17 @@ class NngTransport:
         sock.reconnect_time_min = 10
         sock.reconnect_time_max = 1000
         return sock
+
+    def prepare_exit(self) -> None:
+        """Skip pynng's nng_fini at exit: it can block on sockets other threads still use.
+
+        Called by a worker after it flushed everything; the OS then closes the sockets.
+        """
+        import atexit
+
+        import pynng.nng
+
+        atexit.unregister(getattr(pynng.nng, "_pynng_atexit", lambda: None))
 
     def listen(self, kind: str, bind_host: str, advertise_host: str | None = None) -> NngEndpoint:
         sock = self._socket(kind, listening=True)

@@ -6,7 +6,8 @@ configuration afterwards, so tests of several backends can share one session.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 

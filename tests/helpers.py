@@ -1,0 +1,63 @@
+"""Module-level job targets for the core tests (workers import them by reference)."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+
+def put_items(q: Any, items: list[Any]) -> None:
+    for item in items:
+        q.put(item)
+
+
+def drain(q: Any, out: Any, sentinel_count: int = 1) -> None:
+    got = []
+    seen = 0
+    while seen < sentinel_count:
+        item = q.get(timeout=60)
+        if item is None:
+            seen += 1
+        else:
+            got.append(item)
+    out.put(got)
+
+
+def pipe_send_all(conn: Any, items: list[Any]) -> None:
+    for item in items:
+        conn.send(item)
+    conn.close()
+
+
+def pipe_bytes_echo(conn: Any) -> None:
+    conn.send_bytes(conn.recv_bytes() * 2)
+
+
+def sleep_then_put(q: Any, seconds: float) -> None:
+    time.sleep(seconds)
+    q.put(os.getpid())
+
+
+def get_meta_env(q: Any) -> None:
+    q.put(dict(os.environ).get("FIBER_BACKEND"))
+
+
+def joinable_worker(q: Any) -> None:
+    while True:
+        item = q.get(timeout=60)
+        q.task_done()
+        if item is None:
+            return
+
+
+def array_roundtrip(conn: Any) -> None:
+    arr = conn.recv()
+    arr += 1  # writable after the trip
+    conn.send(arr)
+
+
+def get_one_then_sleep(q: Any, done: Any) -> None:
+    q.get(timeout=60)
+    done.put("got one")
+    time.sleep(120)

@@ -1,0 +1,96 @@
+"""Configuration: precedence, typing, unknown keys, original .fiberconfig files."""
+
+from __future__ import annotations
+
+import pytest
+
+import fibercore
+from fibercore import config as cfgmod
+from fibercore.errors import ConfigError
+
+
+def build(file_values=None, env=None, init=None, file_name=".fiberconfig"):
+    return cfgmod.build_config(cfgmod.CORE_OPTIONS, file_values or {}, file_name,
+                               cfgmod.read_env_values(env or {}), init or {})
+
+
+def test_precedence_default_file_env_init():
+    c = build()
+    assert c.start_timeout == 120.0 and c.origin("start_timeout") == "default"
+    c = build({"start_timeout": "10"})
+    assert c.start_timeout == 10.0
+    c = build({"start_timeout": "10"}, {"FIBER_START_TIMEOUT": "20"})
+    assert c.start_timeout == 20.0 and "FIBER_START_TIMEOUT" in c.origin("start_timeout")
+    c = build({"start_timeout": "10"}, {"FIBER_START_TIMEOUT": "20"}, {"start_timeout": 30})
+    assert c.start_timeout == 30.0
+
+
+@pytest.mark.parametrize("text,value", [("false", False), ("False", False), ("0", False),
+                                        ("no", False), ("true", True), ("1", True), ("yes", True)])
+def test_booleans_are_typed(text, value):
+    assert build(env={"FIBER_DEBUG": text}).debug is value
+
+
+def test_wrong_typed_env_value_names_variable_and_type():
+    with pytest.raises(ConfigError) as info:
+        build(env={"FIBER_START_TIMEOUT": "soon"})
+    assert "FIBER_START_TIMEOUT" in str(info.value) and "float" in str(info.value)
+    with pytest.raises(ConfigError, match="FIBER_DEBUG"):
+        build(env={"FIBER_DEBUG": "maybe"})
+
+
+def test_unknown_key_lists_valid_keys():
+    with pytest.raises(ConfigError) as info:
+        build({"start_timout": "3"})
+    msg = str(info.value)
+    assert "start_timout" in msg and "start_timeout" in msg and "Valid keys" in msg
+    with pytest.raises(ConfigError, match="fibercore.init"):
+        build(init={"nope": 1})
+
+
+def test_plugin_key_hint_names_distribution():
+    with pytest.raises(ConfigError, match="pip install fiber-k8s"):
+        build({"kubernetes_namespace": "ml"})
+
+
+def test_unknown_env_variable_only_warns(caplog):
+    c = build(env={"FIBER_SOMETHING_ELSE": "1"})
+    assert "something_else" not in c
+
+
+def test_original_fiberconfig_file_is_read(tmp_path, monkeypatch):
+    (tmp_path / ".fiberconfig").write_text(
+        "[default]\nlog_level = debug\ncpu_per_job = 2\nipc_admin_master_port = 9000\nuse_push_queue = True\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    values, name = cfgmod.read_file_values()
+    with pytest.warns(UserWarning, match="use_push_queue"):
+        c = cfgmod.build_config(cfgmod.CORE_OPTIONS, values, name, {}, {})
+    assert c.log_level == "debug" and c.cpu_per_job == 2.0 and c.ipc_admin_master_port == 9000
+
+
+def test_tool_fiber_in_pyproject(tmp_path, monkeypatch):
+    (tmp_path / "pyproject.toml").write_text("[tool.fiber]\nstart_timeout = 5\ndebug = true\n")
+    monkeypatch.chdir(tmp_path)
+    values, name = cfgmod.read_file_values()
+    c = cfgmod.build_config(cfgmod.CORE_OPTIONS, values, name, {}, {})
+    assert c.start_timeout == 5.0 and c.debug is True and "tool.fiber" in c.origin("debug")
+
+
+def test_init_rejects_unknown_keys(fresh_runtime):
+    with pytest.raises(ConfigError, match="Valid keys"):
+        fibercore.init(not_a_key=1)
+
+
+def test_to_env_round_trips_non_defaults():
+    c = build(init={"debug": True, "start_timeout": 7.5})
+    env = c.to_env()
+    assert env == {"FIBER_DEBUG": "true", "FIBER_START_TIMEOUT": "7.5"}
+    again = build(env=env)
+    assert again.debug is True and again.start_timeout == 7.5
+
+
+def test_plugin_options_are_typed(fresh_runtime):
+    c = fibercore.init(local_echo_output="false")
+    assert c.local_echo_output is False
+    assert c.options["local_echo_output"].plugin.endswith("local")

@@ -1,0 +1,110 @@
+"""Serializer and frame properties (hypothesis), and errors that name the culprit."""
+
+from __future__ import annotations
+
+import pickle
+import threading
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+import fibercore
+from fibercore import wire
+from fibercore.builtins.cloudpickle_serializer import CloudpickleSerializer
+from fibercore.errors import SerializationError
+
+S = CloudpickleSerializer()
+KEY = b"k" * 32
+
+plain = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text() | st.binary(),
+    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=5), inner, max_size=5)
+    | st.tuples(inner, inner),
+    max_leaves=20,
+)
+
+
+def through_frame(obj):
+    frame = wire.seal(KEY, [(1, S.dumps(obj))])
+    [(op, parts)] = wire.unseal(KEY, frame)
+    return S.loads(parts)
+
+
+@given(plain)
+def test_round_trip_plain(obj):
+    assert through_frame(obj) == obj
+
+
+@given(hnp.arrays(dtype=hnp.scalar_dtypes(), shape=hnp.array_shapes(max_dims=3, max_side=40)))
+def test_round_trip_numpy(arr):
+    out = through_frame(arr)
+    reference = pickle.loads(pickle.dumps(arr, protocol=5))  # what plain pickle delivers
+    assert out.dtype in (arr.dtype, reference.dtype) and out.shape == arr.shape
+    np.testing.assert_array_equal(out, arr)
+
+
+def test_large_array_travels_out_of_band_and_stays_writable():
+    arr = np.arange(1_000_000, dtype=np.float64)
+    parts = S.dumps(arr)
+    assert len(parts) == 2 and len(parts[0]) < 1000  # the data is not in the pickle stream
+    out = through_frame(arr)
+    out += 1
+    assert out[0] == 1.0
+
+
+@given(st.integers(), st.integers())
+def test_round_trip_lambdas_and_closures(a, b):
+    f = lambda x: x * a + b  # noqa: E731
+    assert through_frame(f)(3) == 3 * a + b
+
+
+@given(st.lists(st.lists(st.binary(max_size=50), max_size=4), max_size=20))
+def test_frames_round_trip_many_messages(messages):
+    msgs = [(i % 250 + 1, parts) for i, parts in enumerate(messages)]
+    out = wire.unseal(KEY, wire.seal(KEY, msgs))
+    assert [(op, [bytes(p) for p in parts]) for op, parts in out] == msgs
+
+
+@settings(max_examples=200)
+@given(st.binary(max_size=300))
+def test_garbage_never_unseals(data):
+    with pytest.raises(wire.BadFrame):
+        wire.unseal(KEY, data)
+
+
+@given(st.binary(min_size=1, max_size=100), st.integers(min_value=0))
+def test_any_bit_flip_is_detected(payload, pos):
+    frame = bytearray(wire.seal(KEY, [(1, [payload])]))
+    i = pos % len(frame)
+    frame[i] ^= 0x01
+    with pytest.raises(wire.BadFrame):
+        wire.unseal(KEY, bytes(frame))
+
+
+def test_wrong_key_is_rejected():
+    frame = wire.seal(KEY, [(1, [b"x"])])
+    with pytest.raises(wire.BadFrame):
+        wire.unseal(b"z" * 32, frame)
+
+
+def test_unpicklable_argument_is_named():
+    lock = threading.Lock()
+    p = fibercore.Process(target=print, args=(1, lock))
+    with pytest.raises(SerializationError) as info:
+        p.start()
+    msg = str(info.value)
+    assert "argument 1" in msg and "lock" in msg.lower() and p.name in msg
+
+
+def test_unpicklable_queue_item_is_named():
+    q = fibercore.Queue()
+    with pytest.raises(SerializationError, match="through a Queue"):
+        q.put(threading.Lock())
+
+
+def test_fiber_serializer_hook_resolved_once():
+    rt = fibercore.get_runtime()
+    assert rt.serializer is rt.serializer and rt.serializer.name == "cloudpickle"
