@@ -1,0 +1,128 @@
+"""Process API details beyond the conformance suite; a dead master leaves no orphan jobs."""
+
+from __future__ import annotations
+
+import multiprocessing.connection
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+import fibercore as mp
+from fibercore.errors import JobStartError, ProcessError
+from tests.helpers import sleep_then_put
+
+
+def test_repr_name_daemon_and_current_process():
+    p = mp.Process(target=print, name="worker-x", daemon=True)
+    assert p.name == "worker-x" and p.daemon
+    assert "initial" in repr(p) and "daemon" in repr(p)
+    assert mp.current_process().name == "MainProcess"
+    assert mp.parent_process() is None
+    assert mp.get_context("spawn") is mp.get_context() and mp.get_start_method() == "fiber"
+    with pytest.raises(ValueError):
+        mp.get_context("threads")
+    assert issubclass(ProcessError, multiprocessing.ProcessError)
+
+
+def test_sentinel_works_with_multiprocessing_wait():
+    q = mp.Queue()
+    p = mp.Process(target=sleep_then_put, args=(q, 0.3))
+    p.start()
+    ready = multiprocessing.connection.wait([p.sentinel], timeout=30)
+    assert ready == [p.sentinel]
+    p.join(5)
+    assert p.exitcode == 0
+    p.close()
+    with pytest.raises(ValueError):
+        p.is_alive()
+
+
+def test_start_twice_and_join_unstarted():
+    p = mp.Process(target=print)
+    with pytest.raises(AssertionError):
+        p.join()
+    p.start()
+    with pytest.raises(AssertionError):
+        p.start()
+    p.join(30)
+
+
+def test_missing_interpreter_is_a_clear_process_error(fresh_runtime):
+    mp.init(python_exe="/nonexistent/python3")
+    with pytest.raises(ProcessError, match="could not start"):
+        mp.Process(target=print).start()
+
+
+def test_worker_dying_before_connecting_reports_logs(tmp_path, fresh_runtime):
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\necho 'no python in this image' >&2\nexit 3\n")
+    fake.chmod(0o755)
+    mp.init(python_exe=str(fake))
+    with pytest.raises(JobStartError) as info:
+        mp.Process(target=print).start()
+    msg = str(info.value)
+    assert "exited with code 3" in msg and "no python in this image" in msg
+
+
+MASTER = textwrap.dedent("""
+    import sys, time
+    sys.path.insert(0, {root!r})
+    import fibercore as mp
+    from fibercore.testing.conformance import sleep_for
+    if __name__ == "__main__":
+        mp.init(heartbeat_interval=0.5, heartbeat_timeout=3)
+        p = mp.Process(target=sleep_for, args=(300,))
+        p.start()
+        print(p.pid, mp.get_runtime().session, flush=True)
+        time.sleep(300)
+""")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as fh:
+        return fh.read().split()[2] != "Z"
+
+
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
+def test_dead_master_leaves_no_orphan_jobs(tmp_path, how):
+    script = tmp_path / "master.py"
+    script.write_text(MASTER.format(root=os.getcwd()))
+    master = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
+                              start_new_session=True)
+    child = int(master.stdout.readline().split()[0])
+    assert _alive(child)
+    master.send_signal(getattr(signal, how))
+    master.wait(30)
+    deadline = time.monotonic() + 15
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(child), f"worker {child} outlived its master ({how})"
+
+
+def test_fiber_cleanup_kills_leftover_workers(tmp_path):
+    # A master frozen with SIGSTOP keeps its connections open: only cleanup removes the worker.
+    script = tmp_path / "master.py"
+    script.write_text(MASTER.format(root=os.getcwd()).replace("heartbeat_timeout=3", "heartbeat_timeout=600"))
+    master = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    child, session = master.stdout.readline().split()
+    master.send_signal(signal.SIGSTOP)
+    try:
+        out = subprocess.run([sys.executable, "-m", "fibercore.cli", "cleanup", "--session", session],
+                             capture_output=True, text=True, timeout=60)
+        assert "removed 1 job(s)" in out.stdout, out.stderr
+        deadline = time.monotonic() + 10
+        while _alive(int(child)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(int(child))
+    finally:
+        master.kill()
+        master.wait(10)
