@@ -89,9 +89,9 @@ class FiberContext:
     @staticmethod
     def set_executable(executable: str) -> None:
         """Use ``executable`` as the workers' Python (same as config ``python_exe``)."""
-        from fibercore.runtime import get_runtime, init
+        from fibercore.runtime import init
 
-        init(**{**{k: v for k, v in get_runtime().config.items() if get_runtime().config.origin(k).startswith("fibercore.init")}, "python_exe": executable})
+        init(python_exe=executable)
 
     @staticmethod
     def allow_connection_pickling() -> None:

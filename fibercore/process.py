@@ -425,11 +425,6 @@ def _install_exit_handlers() -> None:
             pass
 
 
-def _reset_after_failure(process: Process) -> None:  # pragma: no cover - used by pools later
-    with _children_lock:
-        _children.discard(process)
-
-
 __all__ = [
     "Process",
     "ProcessError",
