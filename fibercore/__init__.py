@@ -19,9 +19,11 @@ from fibercore.errors import (
     ProcessError,
     SerializationError,
     TimeoutError,
+    WorkerLostError,
 )
 from fibercore.hookspecs import hookimpl
 from fibercore.meta import meta
+from fibercore.pool import Pool
 from fibercore.process import Process, active_children, current_process, parent_process
 from fibercore.queues import JoinableQueue, Queue, SimpleQueue
 from fibercore.runtime import get_runtime, init, register_plugin, unregister_plugin
@@ -66,12 +68,14 @@ __all__ = [
     "JoinableQueue",
     "Option",
     "Pipe",
+    "Pool",
     "Process",
     "ProcessError",
     "Queue",
     "SerializationError",
     "SimpleQueue",
     "TimeoutError",
+    "WorkerLostError",
     "active_children",
     "allow_connection_pickling",
     "get_config",

@@ -61,6 +61,8 @@ CORE_OPTIONS: tuple[Option, ...] = (
     Option("start_timeout", float, 120.0, "Seconds Process.start() waits for the job to connect back."),
     Option("heartbeat_interval", float, 2.0, "Seconds between master heartbeats to workers."),
     Option("heartbeat_timeout", float, 20.0, "A worker exits when its master is silent this long."),
+    Option("pool_processes", int, None, "Workers of a Pool created with processes=None (default: the backend's answer)."),
+    Option("pool_max_task_retries", int, 3, "Times a Pool task is rerun after its worker died before it fails."),
     Option("tls", bool, False, "Run every endpoint over tls+tcp (needs tls_cert_file and tls_ca_file)."),
     Option("tls_cert_file", str, None, "PEM file with this process's certificate and key."),
     Option("tls_ca_file", str, None, "PEM file of the CA that signed every peer's certificate."),

@@ -65,6 +65,14 @@ class FiberContext:
     def SimpleQueue(self) -> queues.SimpleQueue:
         return queues.SimpleQueue(ctx=self)
 
+    # -- pools ----------------------------------------------------------------------------
+    def Pool(self, processes: int | None = None, initializer: Any = None, initargs: Any = (),
+             maxtasksperchild: int | None = None, **kwargs: Any) -> Any:
+        """A :class:`fibercore.pool.Pool` of worker jobs (see its docstring for extras)."""
+        from fibercore.pool import Pool
+
+        return Pool(processes, initializer, initargs, maxtasksperchild, context=self, **kwargs)
+
     # -- start methods (compatibility) ---------------------------------------------------------
     def get_context(self, method: str | None = None) -> FiberContext:
         if method is None or method in START_METHODS:

@@ -30,6 +30,14 @@ class JobStartError(ProcessError):
         self.logs = logs
 
 
+class WorkerLostError(ProcessError):
+    """A pool task's worker died (killed, out of memory, node lost) more often than allowed.
+
+    Raised by ``get()`` for that task after ``max_task_retries`` retries on fresh
+    workers; the message names the task, the worker's job, its exit status and logs.
+    """
+
+
 class TimeoutError(multiprocessing.TimeoutError, FiberError):  # noqa: A001
     """An operation did not finish in time."""
 

@@ -87,6 +87,18 @@ def fiber_listen_host() -> str | None:
 
 
 @hookspec(firstresult=True)
+def fiber_default_processes(config: Any) -> int | None:
+    """How many workers ``Pool(processes=None)`` starts on this backend.
+
+    Called by the core when a Pool is created without a size and the
+    ``pool_processes`` config key is unset. First non-None wins; with no answer the
+    core uses ``os.cpu_count()``. A cluster backend may answer with its capacity.
+
+    :param config: the effective :class:`fibercore.config.Config`.
+    """
+
+
+@hookspec(firstresult=True)
 def fiber_create_job(spec: JobSpec) -> Job | None:
     """Start a job that runs ``spec.command`` with ``spec.env``.
 

@@ -34,7 +34,10 @@ def meta(*, cpu: float | None = None, memory: int | None = None, gpu: int | None
 
 
 def get_meta(process: Any) -> dict[str, Any]:
-    """Resources declared on a Process's target, on its class's ``run``, or on the class."""
+    """Resources set on the Process (a Pool's workers), on its target, its ``run``, or its class."""
+    own = getattr(process, "_fiber_meta", None)
+    if own:
+        return dict(own)
     for candidate in (getattr(process, "_target", None), type(process).run, type(process)):
         found = getattr(candidate, "__fiber_meta__", None)
         if found:

@@ -213,6 +213,12 @@ class Plugins:
     def listen_host(self) -> str:
         return self.pm.hook.fiber_listen_host() or "127.0.0.1"
 
+    def default_processes(self, config: Any) -> int:
+        answer = self.pm.hook.fiber_default_processes(config=config)
+        if answer is None or int(answer) < 1:
+            return os.cpu_count() or 1
+        return int(answer)
+
     def create_job(self, spec: JobSpec) -> Job:
         job = self.pm.hook.fiber_create_job(spec=spec)
         if job is None:

@@ -138,10 +138,14 @@ class JobPopen:
             self.pid = launch.remote_pid
 
     def _start_failed(self, what: str, status: JobStatus) -> None:
+        raise self.start_error(what, status)
+
+    def start_error(self, what: str, status: JobStatus) -> JobStartError:
+        """The error for a job that never connected: what happened, the job, its logs."""
         rt = self._rt
         admin.get_hub().forget(self._launch)
         logs = rt.plugins.job_logs(self.job)
-        raise JobStartError(
+        return JobStartError(
             f"{self.spec.name} failed to start on backend {rt.backend!r}: {what}.\n"
             f"  job: {self.job.jid} (status {status.value})\n"
             f"  command: {' '.join(self.spec.command)}\n"

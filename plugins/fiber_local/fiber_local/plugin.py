@@ -116,6 +116,12 @@ def fiber_listen_host() -> str:
 
 
 @hookimpl
+def fiber_default_processes(config: Any) -> int:
+    """A local Pool gets one worker per CPU of this machine, as multiprocessing does."""
+    return os.cpu_count() or 1
+
+
+@hookimpl
 def fiber_create_job(spec: Any) -> Any:
     from fibercore.runtime import get_runtime
     from fibercore.types import Job

@@ -1,0 +1,196 @@
+"""The loop every pool worker job runs (the target of its Process).
+
+Two threads: a receiver that files incoming chunks into a local deque and answers
+STEAL/STOP at once (even while a long task runs), and the main thread that runs
+chunks one by one and sends their results. Small results that finish while more
+work is queued locally share a frame; anything slower goes out at once.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from fibercore.errors import TransportClosed
+from fibercore.pool import protocol as P
+
+#: Results of tasks shorter than this may wait (≤ BATCH_AGE) to share a frame.
+SHORT_TASK = 0.0002
+BATCH_AGE = 0.002
+BATCH_BYTES = 1 << 20
+BATCH_COUNT = 64
+
+
+class _Func:
+    """A batch's function: its pickled parts until first use, then the object."""
+
+    __slots__ = ("parts", "obj")
+
+    def __init__(self, parts: list[Any]) -> None:
+        self.parts: list[Any] | None = parts
+        self.obj: Any = None
+
+    def load(self, serializer: Any) -> Any:
+        if self.parts is not None:
+            self.obj = serializer.loads(self.parts)
+            self.parts = None
+        return self.obj
+
+
+def _wrap_exception(exc: BaseException) -> Any:
+    from multiprocessing.pool import ExceptionWithTraceback
+
+    return ExceptionWithTraceback(exc, exc.__traceback__)
+
+
+def _run_chunk(kind: int, func: _Func | None, payload: list[Any], serializer: Any) -> Any:
+    data = serializer.loads(payload)
+    if kind == P.APPLY:
+        fn, args, kwds = data
+        return fn(*args, **kwds)
+    fn = func.load(serializer)  # type: ignore[union-attr]
+    if kind == P.MAP:
+        return [fn(x) for x in data]
+    return [fn(*x) for x in data]
+
+
+def _encode(serializer: Any, ok: bool, value: Any) -> tuple[bool, list[Any]]:
+    try:
+        return ok, serializer.dumps(value)
+    except Exception as exc:  # an unpicklable result or exception: say which
+        from multiprocessing.pool import MaybeEncodingError
+
+        wrapped = MaybeEncodingError(exc, value)
+        return False, serializer.dumps(_wrap_exception(wrapped))
+
+
+class _Inbox:
+    """Chunks received but not started, shared by the receiver and the main thread."""
+
+    def __init__(self) -> None:
+        self.cv = threading.Condition(threading.Lock())
+        self.tasks: collections.deque[tuple[int, int, _Func | None, list[Any]]] = collections.deque()
+        self.funcs: collections.OrderedDict[int, _Func] = collections.OrderedDict()
+        self.stopping = False
+        self.closed = False
+
+
+def _receive(channel: Any, inbox: _Inbox) -> None:
+    while True:
+        try:
+            messages, _ = channel.recv()
+        except TransportClosed:
+            with inbox.cv:
+                inbox.closed = True
+                inbox.cv.notify()
+            return
+        give_back: list[int] | None = None
+        with inbox.cv:
+            for op, parts in messages:
+                if op == P.TASK:
+                    cid, bid, kind, nfunc = P.read_task_header(parts[0])
+                    func = None
+                    if nfunc:
+                        func = _Func(parts[1:1 + nfunc])
+                        inbox.funcs[bid] = func
+                        if len(inbox.funcs) > P.FUNC_CACHE:
+                            inbox.funcs.popitem(last=False)
+                    elif kind != P.APPLY:
+                        func = inbox.funcs.get(bid)
+                    inbox.tasks.append((cid, kind, func, parts[1 + nfunc:]))
+                elif op in (P.STEAL, P.STOP):
+                    give_back = [task[0] for task in inbox.tasks]
+                    inbox.tasks.clear()
+                    if op == P.STOP:
+                        inbox.stopping = True
+            inbox.cv.notify()
+        if give_back is not None:
+            channel.send([(P.RETURNED, [P.ids(give_back)])])
+
+
+def run_worker(address: str, wid: int, initializer: Callable[..., Any] | None,
+               initargs: tuple[Any, ...], maxtasks: int | None) -> None:
+    """Serve one pool: connect, run the initializer, then run chunks until told to stop."""
+    from fibercore.runtime import get_runtime
+    from fibercore.worker import EXIT_MASTER_GONE, _die
+
+    rt = get_runtime()
+    serializer = rt.serializer
+    channel = rt.dial("router", address)
+    leaving = threading.Event()
+
+    def on_peer(peer: object, added: bool) -> None:
+        if not added and not leaving.is_set():
+            _die(f"the pool at {address} closed its connection (pool terminated or master gone)",
+                 EXIT_MASTER_GONE)
+
+    channel.on_peer_event(on_peer)
+    wid_b = str(wid).encode()
+    if initializer is not None:
+        try:
+            initializer(*initargs)
+        except BaseException as exc:
+            text = traceback.format_exc()
+            try:
+                parts = serializer.dumps(exc)
+            except Exception:
+                parts = serializer.dumps(RuntimeError(f"{type(exc).__name__}: {exc}"))
+            leaving.set()
+            channel.send([(P.INITFAIL, [wid_b, text.encode(), *parts])])
+            raise SystemExit(f"the pool initializer raised:\n{text}") from None
+    channel.send([(P.READY, [wid_b, str(os.getpid()).encode()])])
+
+    inbox = _Inbox()
+    threading.Thread(target=_receive, args=(channel, inbox), name="fiber-pool-recv", daemon=True).start()
+    outbox: list[Any] = []
+    out_bytes = 0
+    first_buffered = 0.0
+    done = 0
+    while True:
+        with inbox.cv:
+            while not inbox.tasks and not inbox.stopping and not inbox.closed:
+                if outbox:
+                    break
+                inbox.cv.wait()
+            task = inbox.tasks.popleft() if inbox.tasks else None
+            more = bool(inbox.tasks)
+        if task is None:
+            if outbox:
+                channel.send(outbox)
+                outbox, out_bytes = [], 0
+                continue
+            break
+        cid, kind, func, payload = task
+        start = time.perf_counter()
+        try:
+            ok, value = True, _run_chunk(kind, func, payload, serializer)
+        except Exception as exc:
+            ok, value = False, _wrap_exception(exc)
+        elapsed = time.perf_counter() - start
+        ok, parts = _encode(serializer, ok, value)
+        if not outbox:
+            first_buffered = time.perf_counter()
+        outbox.append((P.RESULT, [P.result_header(cid, ok, int(elapsed * 1e6)), *parts]))
+        out_bytes += sum(len(p) if not isinstance(p, memoryview) else p.nbytes for p in parts)
+        done += 1
+        last = maxtasks is not None and done >= maxtasks
+        if (not more or last or elapsed > SHORT_TASK or len(outbox) >= BATCH_COUNT
+                or out_bytes >= BATCH_BYTES or time.perf_counter() - first_buffered > BATCH_AGE):
+            channel.send(outbox)
+            outbox, out_bytes = [], 0
+        if last:
+            break
+    leaving.set()
+    reason = b"maxtasksperchild" if maxtasks is not None and done >= maxtasks else b"stop"
+    with inbox.cv:
+        unstarted = [t[0] for t in inbox.tasks]
+        inbox.tasks.clear()
+    try:
+        channel.send([*outbox, (P.BYE, [reason, P.ids(unstarted)])])
+    except TransportClosed:
+        pass
