@@ -36,6 +36,8 @@ class Endpoint(Protocol):
     def recv(self, timeout: float | None = None) -> tuple[bytes, Hashable]:
         """Receive one frame and the peer it came from.
 
+        ``timeout=0`` polls: it returns a waiting frame or raises at once, and is safe
+        while another thread of the process blocks in ``recv`` on the same endpoint.
         Raises ``TransportTimeout`` after ``timeout`` seconds and ``TransportClosed``
         once the endpoint is closed.
         """

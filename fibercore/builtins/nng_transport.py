@@ -44,7 +44,17 @@ class NngEndpoint:
             raise TransportError(f"send on {self.address} failed: {exc}") from exc
 
     def recv(self, timeout: float | None = None) -> tuple[bytes, Hashable]:
-        ms = -1 if timeout is None else max(0, int(timeout * 1000))
+        if timeout == 0:  # a poll: a flag, not the shared socket option another thread may rely on
+            try:
+                if self._addressed:
+                    msg = self._sock.recv_msg(block=False)
+                    return msg.bytes, msg.pipe
+                return self._sock.recv(block=False), None
+            except pynng.TryAgain as exc:
+                raise TransportTimeout(f"no frame waiting on {self.address}") from exc
+            except pynng.Closed as exc:
+                raise TransportClosed(f"endpoint {self.address} is closed") from exc
+        ms = -1 if timeout is None else max(1, int(timeout * 1000))
         if ms != self._timeout_ms:
             self._sock.recv_timeout = ms
             self._timeout_ms = ms

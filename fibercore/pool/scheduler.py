@@ -371,6 +371,10 @@ class Scheduler:
                     deliveries.append((chunk, ok, parts[1:]))
                 elif op == P.READY:
                     w = self._on_ready(int(bytes(parts[0])), peer)
+                elif op == P.INITFAIL:
+                    failed = self.workers.get(int(bytes(parts[0])))
+                    if failed is not None:
+                        self._on_initfail(failed, bytes(parts[1]).decode(errors="replace"), parts[2:])
                 elif w is None:
                     continue
                 elif op == P.RETURNED:
@@ -381,8 +385,6 @@ class Scheduler:
                         w.state = LEAVING
                     self._take_back(w, P.read_ids(parts[1]) if len(parts) > 1 else [])
                     self._maintain()
-                elif op == P.INITFAIL:
-                    self._on_initfail(w, bytes(parts[1]).decode(errors="replace"), parts[2:])
             if w is not None:
                 self._classify(w)
             self._pump()
@@ -417,7 +419,7 @@ class Scheduler:
         except Exception as load_error:
             exc = ProcessError(f"the pool initializer raised (and its exception could not be unpickled: {load_error})")
         exc.__cause__ = RemoteTraceback(text)
-        self._break(exc, f"its initializer raised {type(exc).__name__}: {exc} in {w.name}")
+        self._break(exc, f"its initializer raised {type(exc).__name__} in {w.name}", deliver_cause=True)
 
     def _deliver(self, chunk: Chunk, ok: bool, parts: list[Any]) -> None:
         try:
@@ -664,7 +666,7 @@ class Scheduler:
             was = w.state
             w.state = DEAD
             self.workers.pop(w.wid, None)
-        if was == RETIRING:
+        if was == RETIRING or self.broken is not None:
             return
         self._kill(w)
         popen = w.process._popen if w.process is not None else None
@@ -684,13 +686,19 @@ class Scheduler:
                 return
             self.next_spawn_at = time.monotonic() + min(5.0, 0.25 * 2 ** min(k, 5))
 
-    def _break(self, exc: BaseException, why: str) -> None:
-        """Nothing can run (initializer raises, jobs never start): fail every task with why."""
+    def _break(self, exc: BaseException, why: str, deliver_cause: bool = False) -> None:
+        """Nothing can run (initializer raises, jobs never start): fail every task with why.
+
+        Tasks get a ProcessError that says why and carries the cause, or the cause
+        itself when it is the user's own exception (``deliver_cause``).
+        """
         with self.lock:
             if self.broken is not None:
                 return
-            self.broken = ProcessError(f"{why}")
+            self.broken = ProcessError(f"{why}:\n{exc}")
             self.broken.__cause__ = exc
+            if not deliver_cause:
+                exc = self.broken
             pending = list(self.chunks.values())
             self.queue.clear()
             workers = list(self.workers.values())
@@ -768,7 +776,9 @@ class Scheduler:
             self.queue.clear()
         for w in workers:
             w.killed_by_pool = True
-        list(self._launcher.map(self._kill, workers))
+        # Jobs being created now are killed once created (see _launch); wait for them.
+        self._launcher.shutdown(wait=True, cancel_futures=True)
+        self._kill_all(workers)
         for chunk in pending:
             self._fail(chunk, ProcessError(
                 f"{self.name} was terminated before task {chunk.index} of {chunk.batch.name} finished"))
@@ -776,6 +786,15 @@ class Scheduler:
             if w.process is not None and w.process._popen is not None:
                 w.process._popen.wait(10.0)
         self._shutdown()
+
+    def _kill_all(self, workers: list[WorkerSlot]) -> None:
+        """Kill many jobs at once (each kill may be a network call on a cluster backend)."""
+        if len(workers) <= 1:
+            for w in workers:
+                self._kill(w)
+            return
+        with ThreadPoolExecutor(max_workers=16, thread_name_prefix=f"{self.name}-kill") as ex:
+            list(ex.map(self._kill, workers))
 
     def _shutdown(self) -> None:
         self.finished = True

@@ -16,7 +16,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from fibercore.errors import TransportClosed
+from fibercore.errors import TransportClosed, TransportTimeout
 from fibercore.pool import protocol as P
 
 #: Results of tasks shorter than this may wait (≤ BATCH_AGE) to share a frame.
@@ -70,47 +70,72 @@ def _encode(serializer: Any, ok: bool, value: Any) -> tuple[bool, list[Any]]:
 
 
 class _Inbox:
-    """Chunks received but not started, shared by the receiver and the main thread."""
+    """Chunks received but not started, and the messages that change them.
 
-    def __init__(self) -> None:
-        self.cv = threading.Condition(threading.Lock())
+    The main thread receives by itself while it is idle (no thread hand-off on the
+    latency path). While a chunk runs longer than :data:`POLL_AFTER`, a poller
+    thread checks the socket every :data:`POLL_EVERY`, so STEAL and STOP are
+    answered even during a long task.
+    """
+
+    def __init__(self, channel: Any) -> None:
+        self.channel = channel
+        self.lock = threading.Lock()
         self.tasks: collections.deque[tuple[int, int, _Func | None, list[Any]]] = collections.deque()
         self.funcs: collections.OrderedDict[int, _Func] = collections.OrderedDict()
         self.stopping = False
         self.closed = False
+        self.running_since = 0.0  # when the current chunk started; 0 while idle
+        self.busy = threading.Event()
 
-
-def _receive(channel: Any, inbox: _Inbox) -> None:
-    while True:
-        try:
-            messages, _ = channel.recv()
-        except TransportClosed:
-            with inbox.cv:
-                inbox.closed = True
-                inbox.cv.notify()
-            return
+    def file(self, messages: list[tuple[int, list[Any]]]) -> None:
+        """Take in one frame's messages (either thread)."""
         give_back: list[int] | None = None
-        with inbox.cv:
+        with self.lock:
             for op, parts in messages:
                 if op == P.TASK:
                     cid, bid, kind, nfunc = P.read_task_header(parts[0])
                     func = None
                     if nfunc:
                         func = _Func(parts[1:1 + nfunc])
-                        inbox.funcs[bid] = func
-                        if len(inbox.funcs) > P.FUNC_CACHE:
-                            inbox.funcs.popitem(last=False)
+                        self.funcs[bid] = func
+                        if len(self.funcs) > P.FUNC_CACHE:
+                            self.funcs.popitem(last=False)
                     elif kind != P.APPLY:
-                        func = inbox.funcs.get(bid)
-                    inbox.tasks.append((cid, kind, func, parts[1 + nfunc:]))
+                        func = self.funcs.get(bid)
+                    self.tasks.append((cid, kind, func, parts[1 + nfunc:]))
                 elif op in (P.STEAL, P.STOP):
-                    give_back = [task[0] for task in inbox.tasks]
-                    inbox.tasks.clear()
+                    give_back = [task[0] for task in self.tasks]
+                    self.tasks.clear()
                     if op == P.STOP:
-                        inbox.stopping = True
-            inbox.cv.notify()
+                        self.stopping = True
         if give_back is not None:
-            channel.send([(P.RETURNED, [P.ids(give_back)])])
+            self.channel.send([(P.RETURNED, [P.ids(give_back)])])
+
+    def poll_while_busy(self) -> None:
+        """The poller thread: drain the socket while a long chunk runs."""
+        while True:
+            self.busy.wait()
+            started = self.running_since
+            if not started:
+                self.busy.clear()
+                continue
+            if time.perf_counter() - started < POLL_AFTER:
+                time.sleep(POLL_AFTER)
+                continue
+            while self.running_since == started:
+                try:
+                    messages, _ = self.channel.recv(timeout=0)
+                except TransportTimeout:
+                    time.sleep(POLL_EVERY)
+                    continue
+                except TransportClosed:
+                    return
+                self.file(messages)
+
+
+POLL_AFTER = 0.002
+POLL_EVERY = 0.002
 
 
 def run_worker(address: str, wid: int, initializer: Callable[..., Any] | None,
@@ -145,32 +170,39 @@ def run_worker(address: str, wid: int, initializer: Callable[..., Any] | None,
             raise SystemExit(f"the pool initializer raised:\n{text}") from None
     channel.send([(P.READY, [wid_b, str(os.getpid()).encode()])])
 
-    inbox = _Inbox()
-    threading.Thread(target=_receive, args=(channel, inbox), name="fiber-pool-recv", daemon=True).start()
+    inbox = _Inbox(channel)
+    threading.Thread(target=inbox.poll_while_busy, name="fiber-pool-poll", daemon=True).start()
     outbox: list[Any] = []
     out_bytes = 0
     first_buffered = 0.0
     done = 0
     while True:
-        with inbox.cv:
-            while not inbox.tasks and not inbox.stopping and not inbox.closed:
-                if outbox:
-                    break
-                inbox.cv.wait()
+        with inbox.lock:
             task = inbox.tasks.popleft() if inbox.tasks else None
             more = bool(inbox.tasks)
+            stopping = inbox.stopping
         if task is None:
             if outbox:
                 channel.send(outbox)
                 outbox, out_bytes = [], 0
-                continue
-            break
+            if stopping:
+                break
+            try:
+                messages, _ = channel.recv()
+            except TransportClosed:
+                break
+            inbox.file(messages)
+            continue
         cid, kind, func, payload = task
         start = time.perf_counter()
+        inbox.running_since = start
+        if not inbox.busy.is_set():
+            inbox.busy.set()
         try:
             ok, value = True, _run_chunk(kind, func, payload, serializer)
         except Exception as exc:
             ok, value = False, _wrap_exception(exc)
+        inbox.running_since = 0.0
         elapsed = time.perf_counter() - start
         ok, parts = _encode(serializer, ok, value)
         if not outbox:
@@ -187,7 +219,7 @@ def run_worker(address: str, wid: int, initializer: Callable[..., Any] | None,
             break
     leaving.set()
     reason = b"maxtasksperchild" if maxtasks is not None and done >= maxtasks else b"stop"
-    with inbox.cv:
+    with inbox.lock:
         unstarted = [t[0] for t in inbox.tasks]
         inbox.tasks.clear()
     try:

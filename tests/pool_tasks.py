@@ -1,0 +1,97 @@
+"""Module-level pool task functions (workers and multiprocessing import them by reference)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+_initialized: Any = None
+
+
+class TaskError(Exception):
+    """Raised by tasks on purpose; pickles like any plain exception."""
+
+
+def square(x: int) -> int:
+    return x * x
+
+
+def square_or_raise(x: int, bad: frozenset[int] = frozenset()) -> int:
+    if x in bad:
+        raise TaskError(f"bad item {x}")
+    return x * x
+
+
+class SquareOrRaise:
+    """A picklable callable: ``square_or_raise`` with a fixed set of bad items."""
+
+    def __init__(self, bad: frozenset[int]) -> None:
+        self.bad = bad
+
+    def __call__(self, x: int) -> int:
+        return square_or_raise(x, self.bad)
+
+
+def add(a: int, b: int = 0) -> int:
+    return a + b
+
+
+def slow_square(x: int, seconds: float = 0.001) -> int:
+    time.sleep(seconds)
+    return x * x
+
+
+def sleep_and_pid(seconds: float) -> int:
+    time.sleep(seconds)
+    return os.getpid()
+
+
+def pid(_: Any = None) -> int:
+    return os.getpid()
+
+
+def init_global(value: Any) -> None:
+    global _initialized
+    _initialized = (value, os.getpid())
+
+
+def read_global(_: Any = None) -> Any:
+    """What the initializer stored, and the pid running this task."""
+    return _initialized, os.getpid()
+
+
+def init_raises(message: str) -> None:
+    raise TaskError(message)
+
+
+def die_hard(_: Any = None) -> None:
+    """Print something, then die as an OOM kill would (SIGKILL to itself)."""
+    print("about to be killed: out of memory (simulated)", flush=True)
+    sys.stderr.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def die_once(marker: str) -> str:
+    """Kill the worker the first time (marker file absent), succeed on the retry."""
+    if not os.path.exists(marker):
+        with open(marker, "w") as fh:
+            fh.write(str(os.getpid()))
+        os.kill(os.getpid(), signal.SIGKILL)
+    return "survived"
+
+
+def lock_result(_: Any = None) -> Any:
+    import threading
+
+    return threading.Lock()
+
+
+def echo(x: Any) -> Any:
+    return x
+
+
+def nbytes(x: Any) -> int:
+    return len(x) if isinstance(x, (bytes, bytearray)) else int(x.nbytes)
