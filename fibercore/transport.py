@@ -33,14 +33,17 @@ class Endpoint(Protocol):
         Raises ``TransportClosed`` when the endpoint is closed.
         """
 
-    def recv(self, timeout: float | None = None) -> tuple[bytes, Hashable]:
-        """Receive one frame and the peer it came from.
+    def recv(self, timeout: float | None = None) -> tuple[bytes | memoryview, Hashable]:
+        """Receive one frame (bytes, or a writable memoryview the caller may keep) and its peer.
 
         ``timeout=0`` polls: it returns a waiting frame or raises at once, and is safe
         while another thread of the process blocks in ``recv`` on the same endpoint.
         Raises ``TransportTimeout`` after ``timeout`` seconds and ``TransportClosed``
         once the endpoint is closed.
         """
+
+    # Optional: ``send_parts(parts, peer=None)`` sends the concatenation of ``parts``
+    # as one frame, copying each part once (the core uses it when present).
 
     def on_peer_event(self, callback: PeerCallback) -> None:
         """Call ``callback(peer, True)`` when a peer connects and ``(peer, False)`` when it goes."""

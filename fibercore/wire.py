@@ -1,32 +1,42 @@
 """Authenticated frames: how every byte crosses between fibercore processes.
 
 A frame carries one or more messages (so that many small items cost one transport
-call) and is authenticated with the session secret before anything in it is
-looked at, let alone unpickled (DESIGN.md §4)::
+call) and is authenticated with a key derived from the session secret before
+anything in it is looked at, let alone unpickled (DESIGN.md §4)::
 
-    frame   = tag(32) || body
-    tag     = HMAC-SHA256(secret, body)
-    body    = version(1) || nwords(4, LE) || header(nwords × u64) || payload
+    frame   = tag(16) || body
+    body    = version(1) || salt(16) || counter(8) || nwords(4, LE) || header(nwords × u64) || payload
     header  = nmsgs, then per message: op, nparts, len(part_0) .. len(part_n)
     payload = every part of every message, back to back
+    tag     = AES-256-GCM tag over `body` as associated data (GMAC), with
+              key   = HMAC-SHA256(secret, "fibercore frame key v2" || salt)
+              nonce = counter (LE, 12 bytes)
+
+Each sending endpoint draws a random salt, so it has a key of its own, and counts
+its frames, so a nonce is never used twice under a key. GMAC runs at ~20 GB/s with
+AES-NI (HMAC-SHA256 at ~1.7 GB/s was the bottleneck of 10 MB transfers); forging a
+frame still needs the session secret.
 
 Receiving, step by step:
   1. the transport hands over the raw frame and the peer it came from;
-  2. the tag is recomputed over the body and compared in constant time;
+  2. the key for the frame's salt is derived (and cached once a frame verified)
+     and the tag checked over the whole body (constant time, in OpenSSL);
   3. a frame that fails (wrong secret, truncated, garbage) is dropped, counted in
      :data:`stats` and logged (rate-limited); the receiver keeps serving;
   4. only then is the header parsed and the parts sliced (zero-copy memoryviews);
      the caller may now hand the parts to the serializer.
 
 A part is typically one serialized object (a list of buffers is several parts).
-Big out-of-band buffers are copied once, into the frame.
+Big parts are never joined here: a gathering transport copies each once.
 """
 
 from __future__ import annotations
 
 import collections
 import hmac
+import itertools
 import logging
+import os
 import sys
 import threading
 import time
@@ -34,15 +44,22 @@ from array import array
 from collections.abc import Hashable, Sequence
 from typing import Any
 
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
 from fibercore.errors import TransportClosed, TransportTimeout
 from fibercore.transport import Endpoint
 
 log = logging.getLogger("fibercore.wire")
 
-VERSION = 1
-TAG_SIZE = 32
-_DIGEST = "sha256"
+VERSION = 2
+TAG_SIZE = 16
+SALT_SIZE = 16
+_PREFIX = 1 + SALT_SIZE + 8  # version, salt, counter
+_KDF_LABEL = b"fibercore frame key v2"
 _BIG = sys.byteorder == "big"
+_ONE_SHOT_MAX = 64 << 10  # smaller frames are joined and tagged in one call
 
 Message = tuple[int, Sequence[Any]]  # (op, parts)
 
@@ -59,41 +76,104 @@ def _nbytes(part: Any) -> int:
     return part.nbytes if isinstance(part, memoryview) else len(part)
 
 
+def _derive(secret: bytes, salt: bytes) -> bytes:
+    return hmac.digest(secret, _KDF_LABEL + salt, "sha256")
+
+
+class Sealer:
+    """One sender's key (from a random salt) and frame counter."""
+
+    def __init__(self, secret: bytes) -> None:
+        self.salt = os.urandom(SALT_SIZE)
+        key = _derive(secret, self.salt)
+        self._aead = AESGCM(key)
+        self._aes = algorithms.AES(key)
+        self._counter = itertools.count(1)  # next() is atomic: threads may share a sealer
+
+    def seal_parts(self, messages: Sequence[Message]) -> list[Any]:
+        header = array("Q", [len(messages)])
+        payload: list[Any] = []
+        size = 0
+        for op, parts in messages:
+            header.append(op)
+            header.append(len(parts))
+            for part in parts:
+                n = _nbytes(part)
+                header.append(n)
+                payload.append(part)
+                size += n
+        if _BIG:
+            header.byteswap()
+        count = next(self._counter)
+        head = b"".join([
+            bytes((VERSION,)), self.salt, count.to_bytes(8, "little"),
+            len(header).to_bytes(4, "little"), header.tobytes(),
+        ])
+        nonce = count.to_bytes(12, "little")
+        if size <= _ONE_SHOT_MAX:
+            body = b"".join([head, *payload])
+            return [self._aead.encrypt(nonce, b"", body), body]
+        mac = Cipher(self._aes, modes.GCM(nonce)).encryptor()
+        mac.authenticate_additional_data(head)
+        for part in payload:
+            mac.authenticate_additional_data(part)
+        mac.finalize()
+        return [mac.tag, head, *payload]
+
+
+_sealers: dict[bytes, Sealer] = {}
+_verifiers: dict[tuple[bytes, bytes], AESGCM] = {}
+_VERIFIERS_MAX = 4096
+
+
+def sealer(secret: bytes) -> Sealer:
+    """This process's shared sealer for ``secret``."""
+    found = _sealers.get(secret)
+    if found is None:
+        found = _sealers.setdefault(secret, Sealer(secret))
+    return found
+
+
 def seal(key: bytes, messages: Sequence[Message]) -> bytes:
-    """Encode ``messages`` into one authenticated frame."""
-    header = array("Q", [len(messages)])
-    payload: list[Any] = []
-    for op, parts in messages:
-        header.append(op)
-        header.append(len(parts))
-        for part in parts:
-            header.append(_nbytes(part))
-            payload.append(part)
-    if _BIG:
-        header.byteswap()
-    head = bytes((VERSION,)) + len(header).to_bytes(4, "little") + header.tobytes()
-    mac = hmac.new(key, head, _DIGEST)
-    for part in payload:
-        mac.update(part)
-    return b"".join([mac.digest(), head, *payload])
+    """Encode ``messages`` into one authenticated frame under the session secret ``key``."""
+    return b"".join(sealer(key).seal_parts(messages))
 
 
-def unseal(key: bytes, frame: bytes) -> list[tuple[int, list[memoryview]]]:
+def seal_parts(key: bytes, messages: Sequence[Message]) -> list[Any]:
+    """The frame as a list of buffers, for transports that gather (see :class:`Sealer`)."""
+    return sealer(key).seal_parts(messages)
+
+
+def unseal(key: bytes, frame: bytes | memoryview) -> list[tuple[int, list[memoryview]]]:
     """Authenticate ``frame`` and split it into messages; raise BadFrame otherwise."""
-    if len(frame) < TAG_SIZE + 5:
-        raise BadFrame("short frame")
     view = memoryview(frame)
+    if view.nbytes < TAG_SIZE + _PREFIX + 4:
+        raise BadFrame("short frame")
     body = view[TAG_SIZE:]
-    if not hmac.compare_digest(hmac.digest(key, body, _DIGEST), view[:TAG_SIZE]):
-        raise BadFrame("bad authentication tag")
     if body[0] != VERSION:
         raise BadFrame(f"unsupported frame version {body[0]}")
-    nwords = int.from_bytes(body[1:5], "little")
-    end_header = 5 + 8 * nwords
+    salt = bytes(body[1:1 + SALT_SIZE])
+    cache_key = (key, salt)
+    aead = _verifiers.get(cache_key)
+    fresh = aead is None
+    if fresh:
+        aead = AESGCM(_derive(key, salt))
+    nonce = bytes(body[1 + SALT_SIZE:_PREFIX]) + b"\0\0\0\0"
+    try:
+        aead.decrypt(nonce, view[:TAG_SIZE], body)
+    except InvalidTag:
+        raise BadFrame("bad authentication tag") from None
+    if fresh:  # cache keys of senders that proved they hold the secret only
+        if len(_verifiers) >= _VERIFIERS_MAX:
+            _verifiers.clear()
+        _verifiers[cache_key] = aead
+    nwords = int.from_bytes(body[_PREFIX:_PREFIX + 4], "little")
+    start = _PREFIX + 4
+    end_header = start + 8 * nwords
     if nwords < 1 or end_header > len(body):
         raise BadFrame("bad header length")
     header = array("Q")
-    header.frombytes(body[5:end_header])
+    header.frombytes(body[start:end_header])
     if _BIG:
         header.byteswap()
     pos, i, out = end_header, 1, []
@@ -138,9 +218,15 @@ class Channel:
         self.endpoint = endpoint
         self.address = endpoint.address
         self._key = key
+        self._sealer = Sealer(key)
+        self._gather = getattr(endpoint, "send_parts", None)
 
     def send(self, messages: Sequence[Message], peer: Hashable | None = None) -> None:
-        self.endpoint.send(seal(self._key, messages), peer)
+        parts = self._sealer.seal_parts(messages)
+        if self._gather is not None:
+            self._gather(parts, peer)
+        else:
+            self.endpoint.send(b"".join(parts), peer)
 
     def recv(self, timeout: float | None = None) -> tuple[list[tuple[int, list[memoryview]]], Hashable]:
         """Next authentic frame's messages and its peer; forged frames are skipped."""

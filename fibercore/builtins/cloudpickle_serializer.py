@@ -21,6 +21,12 @@ _PLAIN = frozenset({bytes, str, int, float, bool, type(None), bytearray, complex
 _OOB_MIN = 4096  # smaller buffers are cheaper in band
 
 
+def _writable(part: Any) -> Any:
+    if isinstance(part, memoryview) and not part.readonly:
+        return part
+    return bytearray(part)
+
+
 class CloudpickleSerializer:
     name = "cloudpickle"
 
@@ -42,9 +48,11 @@ class CloudpickleSerializer:
     def loads(self, parts: Sequence[Any]) -> Any:
         if len(parts) == 1:
             return pickle.loads(parts[0])
-        # Out-of-band buffers arrive as slices of a received (read-only) frame;
-        # copy into writable memory so that arrays behave as after multiprocessing.
-        return pickle.loads(parts[0], buffers=[bytearray(p) for p in parts[1:]])
+        # Out-of-band buffers arrive as slices of a received frame. The built-in
+        # transport hands over writable frames owned by the receiver: arrays are
+        # built on them without a copy. Read-only buffers are copied, so that
+        # arrays are writable, as after multiprocessing.
+        return pickle.loads(parts[0], buffers=[_writable(p) for p in parts[1:]])
 
 
 class CloudpicklePlugin:

@@ -17,10 +17,22 @@ from collections.abc import Hashable
 from typing import Any
 
 import pynng
+from pynng import ffi, lib
+from pynng.exceptions import check_err
 
 from fibercore.errors import TransportClosed, TransportError, TransportTimeout
 from fibercore.hookspecs import hookimpl
 from fibercore.transport import PeerCallback
+
+
+def _nbytes(part: Any) -> int:
+    return part.nbytes if isinstance(part, memoryview) else len(part)
+
+
+def _free_later(raw: Any) -> Any:
+    """A pointer to ``raw``'s body that frees the nng message when no view uses it."""
+    body = ffi.cast("char *", lib.nng_msg_body(raw))
+    return ffi.gc(body, lambda _body: lib.nng_msg_free(raw))
 
 
 class NngEndpoint:
@@ -33,23 +45,50 @@ class NngEndpoint:
         self._closed = False
 
     def send(self, data: bytes, peer: Hashable | None = None) -> None:
+        self.send_parts([data], peer)
+
+    def send_parts(self, parts: list[Any], peer: Hashable | None = None) -> None:
+        """Send the parts as one frame: each is copied once, straight into the nng message."""
+        msg_p = ffi.new("nng_msg **")
         try:
-            if peer is None:
-                self._sock.send(data)
-            else:
-                peer.send(data)  # type: ignore[attr-defined]
+            check_err(lib.nng_msg_alloc(msg_p, sum(_nbytes(p) for p in parts)))
+            raw = msg_p[0]
+            body = ffi.cast("char *", lib.nng_msg_body(raw))
+            offset = 0
+            for part in parts:
+                n = _nbytes(part)
+                if n:
+                    ffi.memmove(body + offset, part, n)
+                    offset += n
+            if peer is not None:
+                check_err(lib.nng_msg_set_pipe(raw, peer.pipe))  # type: ignore[attr-defined]
+            err = lib.nng_sendmsg(self._sock.socket, raw, 0)
+            if err:  # nng frees the message only when it accepted it
+                lib.nng_msg_free(raw)
+                check_err(err)
         except pynng.Closed as exc:
             raise TransportClosed(f"endpoint {self.address} is closed") from exc
         except pynng.NNGException as exc:
             raise TransportError(f"send on {self.address} failed: {exc}") from exc
 
-    def recv(self, timeout: float | None = None) -> tuple[bytes, Hashable]:
+    def _recv(self, flags: int) -> tuple[memoryview, Hashable]:
+        """One message as a writable view of nng's own buffer (no copy), and its pipe."""
+        msg_p = ffi.new("nng_msg **")
+        check_err(lib.nng_recvmsg(self._sock.socket, msg_p, flags))
+        raw = msg_p[0]
+        peer = None
+        if self._addressed:
+            wrapper = pynng.Message(raw)
+            self._sock._try_associate_msg_with_pipe(wrapper)
+            peer = wrapper.pipe
+            wrapper._mem_freed = True  # the view below owns the message now
+        size = lib.nng_msg_len(raw)
+        return memoryview(ffi.buffer(_free_later(raw), size)), peer
+
+    def recv(self, timeout: float | None = None) -> tuple[memoryview, Hashable]:
         if timeout == 0:  # a poll: a flag, not the shared socket option another thread may rely on
             try:
-                if self._addressed:
-                    msg = self._sock.recv_msg(block=False)
-                    return msg.bytes, msg.pipe
-                return self._sock.recv(block=False), None
+                return self._recv(lib.NNG_FLAG_NONBLOCK)
             except pynng.TryAgain as exc:
                 raise TransportTimeout(f"no frame waiting on {self.address}") from exc
             except pynng.Closed as exc:
@@ -59,10 +98,7 @@ class NngEndpoint:
             self._sock.recv_timeout = ms
             self._timeout_ms = ms
         try:
-            if self._addressed:
-                msg = self._sock.recv_msg()
-                return msg.bytes, msg.pipe
-            return self._sock.recv(), None
+            return self._recv(0)
         except pynng.Timeout as exc:
             raise TransportTimeout(f"no frame on {self.address} within {timeout} s") from exc
         except pynng.Closed as exc:

@@ -449,7 +449,7 @@ class Scheduler:
             process._fiber_meta = dict(self.resources)  # type: ignore[attr-defined]
             w = WorkerSlot(wid, process, time.monotonic() + self.start_timeout)
             self.workers[wid] = w
-            self._launcher.submit(self._launch, w)
+            self._submit(self._launch, w)
 
     def _launch(self, w: WorkerSlot) -> None:
         try:
@@ -461,6 +461,14 @@ class Scheduler:
             return
         if self.state == TERMINATE or w.state in (RETIRING, DEAD):
             self._kill(w)
+
+    def _submit(self, fn: Callable[[WorkerSlot], None], w: WorkerSlot) -> None:
+        """Run ``fn(w)`` on the launcher threads (job calls may be slow network calls)."""
+        try:
+            self._launcher.submit(fn, w)
+        except RuntimeError:  # shut down: the pool is ending, do it here
+            if fn == self._kill:
+                fn(w)
 
     def add_external(self, n: int) -> list[int]:
         """Reserve ``n`` worker slots served by clients this pool did not start (test harness)."""
@@ -506,7 +514,7 @@ class Scheduler:
             if w.state == STARTING and w.peer is None:
                 w.state = RETIRING
                 w.killed_by_pool = True
-                self._launcher.submit(self._kill, w)
+                self._submit(self._kill, w)
             else:
                 w.state = RETIRING
                 self._send_stop(w)
@@ -705,7 +713,7 @@ class Scheduler:
         log.error("%s: cannot run tasks: %s", self.name, why)
         for w in workers:
             w.killed_by_pool = True
-            self._launcher.submit(self._kill, w)
+            self._submit(self._kill, w)
         for chunk in pending:
             self._fail(chunk, exc)
 
@@ -739,6 +747,8 @@ class Scheduler:
     def join(self, timeout: float | None = None) -> None:
         """Wait for outstanding tasks (after close), then let every worker go and wait for them."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        if self.state == TERMINATE:  # terminate() already killed and waited for every job
+            return
         with self.changed:
             while self.state == CLOSE and self._work_left() and self.broken is None:
                 remaining = None if deadline is None else deadline - time.monotonic()
@@ -754,7 +764,7 @@ class Scheduler:
                 elif w.state == STARTING:
                     w.state = RETIRING
                     w.killed_by_pool = True
-                    self._launcher.submit(self._kill, w)
+                    self._submit(self._kill, w)
         for w in workers:
             if w.process is None:
                 continue

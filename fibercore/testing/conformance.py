@@ -80,6 +80,15 @@ def spawn_grandchild(q: Any) -> None:
     q.put(p.exitcode)
 
 
+def triple(x: int) -> int:
+    return 3 * x
+
+
+def slow_triple(x: int) -> int:
+    time.sleep(0.01)
+    return 3 * x
+
+
 class BackendConformance:
     """Subclass with ``backend = "<name>"`` (and ``config``) to run the suite on a backend."""
 
@@ -221,6 +230,33 @@ class BackendConformance:
             here.recv()
         p.join(self.timeout)
         assert p.exitcode == 0
+
+    # -- pools -----------------------------------------------------------------------------------
+    #: Workers for the pool tests (container and cluster backends may lower it).
+    pool_size: ClassVar[int] = 2
+
+    def test_pool_map_apply_imap(self) -> None:
+        with fc.Pool(self.pool_size) as pool:
+            assert pool.map(triple, range(100)) == [3 * x for x in range(100)]
+            assert pool.apply(triple, (7,)) == 21
+            assert sorted(pool.imap_unordered(triple, range(20))) == [3 * x for x in range(20)]
+            assert all(w.job is not None and w.job.backend == self.backend for w in pool.workers())
+
+    def test_pool_reruns_the_tasks_of_a_killed_job(self) -> None:
+        """Kill a worker's job through the backend mid-map: its tasks rerun on a replacement."""
+        with fc.Pool(self.pool_size) as pool:
+            pool.map(triple, range(self.pool_size * 2))
+            result = pool.map_async(slow_triple, range(300), chunksize=2)
+            time.sleep(0.5)
+            victim = pool.workers()[0]
+            victim.kill()  # fiber_terminate_job(force=True): docker kill, pod delete, TerminateJob
+            assert result.get(self.timeout * 3) == [3 * x for x in range(300)]
+            deadline = time.monotonic() + self.timeout
+            while victim in pool.workers() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert victim not in pool.workers()
+            assert pool.stats["replaced_workers"] >= 1
+            assert pool.apply(triple, (1,)) == 3
 
     # -- failures and cleanup -----------------------------------------------------------------------
     def test_start_failure_reports_status_and_logs(self) -> None:

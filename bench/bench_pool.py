@@ -1,0 +1,253 @@
+"""Pool benchmarks: fibercore vs multiprocessing (spawn), side by side in one run.
+
+    python bench/bench_pool.py               # everything (a few minutes)
+    python bench/bench_pool.py --quick       # smaller scale section
+    python bench/bench_pool.py overhead rtt  # chosen sections only
+
+Sections (issue "Pool", targets in brackets; ratio = fibercore / multiprocessing):
+  overhead  the paper's framework overhead test: 5 workers, tasks sleeping d, 5/d tasks,
+            ideal 1 s                                   [≤1.05 at 1 ms, ≤1.01 at ≥10 ms, time]
+  noop      map of 100,000 no-op items                   [≥1.0 tasks/s]
+  rtt       one apply_async round trip                   [≤1.5 latency]
+  bulk      20 tasks sending and returning 10 MB, bytes and numpy   [≥0.8 MB/s]
+  startup   Pool(32) to the first result                 [≤1.2 time]
+  scale     one master with --workers local workers (default 256), and 1,024 lightweight
+            worker clients on one pool: master task rate and memory (fibercore only)
+
+A benchmark, not a test: nothing asserts. Task functions live in bench/_tasks.py so that
+both libraries pickle them by reference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import resource
+import statistics
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _tasks  # noqa: E402
+
+ROWS: list[tuple[str, str, float, float, str, str]] = []
+
+
+def libs():
+    import fibercore
+
+    return [("fibercore", fibercore), ("multiprocessing", multiprocessing.get_context("spawn"))]
+
+
+def record(name: str, unit: str, ours: float, theirs: float, better: str, target: str) -> None:
+    ROWS.append((name, unit, ours, theirs, better, target))
+    ratio = ours / theirs if theirs else float("nan")
+    print(f"  {name:<34} fibercore {ours:>12.4g} {unit:<7} multiprocessing {theirs:>12.4g} {unit:<7}"
+          f" ratio {ratio:6.3f} ({better} is better; target {target})", flush=True)
+
+
+def both(measure, *args):
+    out = {}
+    for name, lib in libs():
+        out[name] = measure(lib, *args)
+    return out["fibercore"], out["multiprocessing"]
+
+
+# ------------------------------------------------------------------------------------ sections
+def overhead(lib, d: float) -> float:
+    with lib.Pool(5) as pool:
+        pool.map(_tasks.sleep_for, [0.3] * 5, 1)  # every worker up and warm
+        n = int(round(5 / d))
+        t0 = time.perf_counter()
+        pool.map(_tasks.sleep_for, [d] * n)
+        return time.perf_counter() - t0
+
+
+def noop_rate(lib, n: int) -> float:
+    with lib.Pool(2) as pool:
+        pool.map(_tasks.sleep_for, [0.3] * 2, 1)
+        best = 0.0
+        for _ in range(5):
+            t0 = time.perf_counter()
+            pool.map(_tasks.noop, range(n))
+            best = max(best, n / (time.perf_counter() - t0))
+        return best
+
+
+def rtt(lib, n: int) -> float:
+    with lib.Pool(2) as pool:
+        for i in range(50):
+            pool.apply_async(abs, (i,)).get()
+        samples = []
+        for i in range(n):
+            t0 = time.perf_counter()
+            pool.apply_async(abs, (i,)).get()
+            samples.append(time.perf_counter() - t0)
+        return statistics.median(samples) * 1e6
+
+
+def bulk(lib, kind: str) -> float:
+    import numpy as np
+
+    size = 10 << 20
+    if kind == "bytes":
+        items = [bytes([i]) * size for i in range(20)]
+    else:
+        items = [np.full(size // 8, i, dtype=np.float64) for i in range(20)]
+    with lib.Pool(2) as pool:
+        pool.map(_tasks.identity, items, 1)  # warm-up: first big allocations fault pages in
+        best = float("inf")
+        for _ in range(3):
+            t0 = time.perf_counter()
+            out = pool.map(_tasks.identity, items, 1)
+            best = min(best, time.perf_counter() - t0)
+            assert len(out) == 20
+    return 2 * 20 * size / best / 1e6
+
+
+def startup(lib, n: int) -> float:
+    t0 = time.perf_counter()
+    pool = lib.Pool(n)
+    pool.apply(_tasks.noop, (1,))
+    elapsed = time.perf_counter() - t0
+    pool.terminate()
+    pool.join()
+    return elapsed
+
+
+def _rss_mib() -> float:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def scale_local(workers: int) -> None:
+    import fibercore
+
+    rss0 = _rss_mib()
+    t0 = time.perf_counter()
+    pool = fibercore.Pool(workers)
+    deadline = time.monotonic() + 600
+    while pool._core.ready_count() < workers and time.monotonic() < deadline:
+        time.sleep(0.1)
+    ready = time.perf_counter() - t0
+    n = 200_000
+    t1 = time.perf_counter()
+    pool.map(_tasks.noop, range(n), chunksize=10)
+    rate = n / (time.perf_counter() - t1)
+    t1 = time.perf_counter()
+    pool.map(_tasks.sleep_for, [0.05] * (workers * 4), chunksize=1)
+    ideal = 0.05 * 4
+    print(f"  {workers} local workers: all ready after {ready:.1f} s; map of {n:,} no-op items (chunks of 10) "
+          f"at {rate:,.0f} tasks/s; {workers * 4} tasks of 50 ms in {time.perf_counter() - t1:.2f} s "
+          f"(ideal {ideal:.2f} s); master RSS {_rss_mib():.0f} MiB (+{_rss_mib() - rss0:.0f})", flush=True)
+    pool.terminate()
+
+
+def harness_clients(address: str, wids: list[int]) -> None:
+    """A fibercore job that plays many pool workers: one socket and thread per worker."""
+    from fibercore.errors import TransportClosed
+    from fibercore.pool import protocol as P
+    from fibercore.runtime import get_runtime
+
+    rt = get_runtime()
+    ser = rt.serializer
+
+    def client(wid: int) -> None:
+        ch = rt.dial("router", address)
+        ch.send([(P.READY, [str(wid).encode(), str(os.getpid()).encode()])])
+        while True:
+            try:
+                messages, _ = ch.recv()
+            except TransportClosed:
+                return
+            out = []
+            for op, parts in messages:
+                if op == P.TASK:
+                    cid, _bid, kind, nfunc = P.read_task_header(parts[0])
+                    data = ser.loads(parts[1 + nfunc:])
+                    value = data if kind != P.APPLY else None
+                    out.append((P.RESULT, [P.result_header(cid, True, 1), *ser.dumps(value)]))
+                elif op in (P.STOP, P.STEAL):
+                    out.append((P.RETURNED, [P.ids([])]))
+            if out:
+                ch.send(out)
+
+    threads = [threading.Thread(target=client, args=(w,), daemon=True) for w in wids]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def scale_clients(clients: int, per_job: int) -> None:
+    import fibercore
+
+    rss0 = _rss_mib()
+    pool = fibercore.Pool(1)
+    core = pool._core
+    wids = core.add_external(clients)
+    jobs = []
+    for i in range(0, clients, per_job):
+        p = fibercore.Process(target=harness_clients, args=(core.address, wids[i:i + per_job]), daemon=True)
+        p.start()
+        jobs.append(p)
+    t0 = time.perf_counter()
+    while core.ready_count() < clients + 1 and time.perf_counter() - t0 < 300:
+        time.sleep(0.1)
+    connected = core.ready_count() - 1
+    n = 100_000
+    t1 = time.perf_counter()
+    out = pool.map(_tasks.noop, range(n), chunksize=1)
+    elapsed = time.perf_counter() - t1
+    assert out == list(range(n))
+    print(f"  {connected} worker clients on one pool ({len(jobs)} jobs x {per_job} sockets): "
+          f"{n:,} one-item tasks in {elapsed:.2f} s = {n / elapsed:,.0f} tasks/s through the master; "
+          f"master RSS {_rss_mib():.0f} MiB (+{_rss_mib() - rss0:.0f} for the pool)", flush=True)
+    pool.terminate()
+    for p in jobs:
+        p.kill()
+        p.join(10)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("sections", nargs="*", default=["overhead", "noop", "rtt", "bulk", "startup", "scale"])
+    parser.add_argument("--quick", action="store_true", help="smaller scale section (64 workers, 256 clients)")
+    parser.add_argument("--workers", type=int, default=256, help="local workers in the scale section")
+    args = parser.parse_args()
+    print(f"bench_pool on {os.cpu_count()} CPUs, Python {sys.version.split()[0]}", flush=True)
+    if "overhead" in args.sections:
+        print("framework overhead (5 workers, 5/d tasks of d; ideal 1 s):")
+        for d in (1.0, 0.1, 0.01, 0.001):
+            ours, theirs = both(overhead, d)
+            record(f"overhead d={d * 1000:g} ms", "s", ours, theirs, "lower", "≤1.05 at 1 ms, ≤1.01 above")
+    if "noop" in args.sections:
+        ours, theirs = both(noop_rate, 100_000)
+        record("no-op map of 100,000", "tasks/s", ours, theirs, "higher", "≥1.0")
+    if "rtt" in args.sections:
+        ours, theirs = both(rtt, 1000)
+        record("apply_async round trip (median)", "µs", ours, theirs, "lower", "≤1.5")
+    if "bulk" in args.sections:
+        for kind in ("bytes", "numpy"):
+            ours, theirs = both(bulk, kind)
+            record(f"20 x 10 MB there and back, {kind}", "MB/s", ours, theirs, "higher", "≥0.8")
+    if "startup" in args.sections:
+        ours, theirs = both(startup, 32)
+        record("Pool(32) to first result", "s", ours, theirs, "lower", "≤1.2")
+    if "scale" in args.sections:
+        print("scale (fibercore only):")
+        scale_local(64 if args.quick else args.workers)
+        scale_clients(256 if args.quick else 1024, 128)
+    if ROWS:
+        print("\n| measurement | fibercore | multiprocessing | ratio | target |\n|---|---|---|---|---|")
+        for name, unit, ours, theirs, _better, target in ROWS:
+            print(f"| {name} | {ours:.4g} {unit} | {theirs:.4g} {unit} | {ours / theirs:.3f} | {target} |")
+
+
+if __name__ == "__main__":
+    main()
