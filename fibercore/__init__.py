@@ -7,10 +7,9 @@ jobs on any backend. See README.md and docs/.
 
 from __future__ import annotations
 
-from typing import Any
+import importlib
+from typing import TYPE_CHECKING, Any
 
-from fibercore.connection import Connection
-from fibercore.context import FiberContext, _default_context
 from fibercore.errors import (
     AuthenticationError,
     ConfigError,
@@ -23,11 +22,15 @@ from fibercore.errors import (
 )
 from fibercore.hookspecs import hookimpl
 from fibercore.meta import meta
-from fibercore.pool import Pool
 from fibercore.process import Process, active_children, current_process, parent_process
-from fibercore.queues import JoinableQueue, Queue, SimpleQueue
 from fibercore.runtime import get_runtime, init, register_plugin, unregister_plugin
 from fibercore.types import Job, JobSpec, JobStatus, Option
+
+if TYPE_CHECKING:  # imported on first use below; a worker job only pays for what it uses
+    from fibercore.connection import Connection
+    from fibercore.context import FiberContext
+    from fibercore.pool import Pool
+    from fibercore.queues import JoinableQueue, Queue, SimpleQueue
 
 __version__ = "0.1.0"
 
@@ -36,17 +39,39 @@ import multiprocessing as _mp
 BufferTooShort = _mp.BufferTooShort
 del _mp
 
-Pipe = _default_context.Pipe
-cpu_count = _default_context.cpu_count
-get_context = _default_context.get_context
-get_start_method = _default_context.get_start_method
-set_start_method = _default_context.set_start_method
-get_all_start_methods = _default_context.get_all_start_methods
-freeze_support = _default_context.freeze_support
-set_executable = _default_context.set_executable
-allow_connection_pickling = _default_context.allow_connection_pickling
-get_logger = _default_context.get_logger
-log_to_stderr = _default_context.log_to_stderr
+#: Names loaded on first access: (module, attribute path).
+_LAZY: dict[str, tuple[str, str]] = {
+    "Connection": ("fibercore.connection", "Connection"),
+    "FiberContext": ("fibercore.context", "FiberContext"),
+    "Pool": ("fibercore.pool", "Pool"),
+    "Queue": ("fibercore.queues", "Queue"),
+    "JoinableQueue": ("fibercore.queues", "JoinableQueue"),
+    "SimpleQueue": ("fibercore.queues", "SimpleQueue"),
+    **{
+        name: ("fibercore.context", f"_default_context.{name}")
+        for name in (
+            "Pipe", "cpu_count", "get_context", "get_start_method", "set_start_method",
+            "get_all_start_methods", "freeze_support", "set_executable",
+            "allow_connection_pickling", "get_logger", "log_to_stderr",
+        )
+    },
+}
+
+
+def __getattr__(name: str) -> Any:
+    try:
+        module_name, path = _LAZY[name]
+    except KeyError:
+        raise AttributeError(f"module 'fibercore' has no attribute {name!r}") from None
+    obj: Any = importlib.import_module(module_name)
+    for part in path.split("."):
+        obj = getattr(obj, part)
+    globals()[name] = obj
+    return obj
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
 
 
 def get_config() -> Any:

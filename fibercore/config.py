@@ -61,7 +61,8 @@ CORE_OPTIONS: tuple[Option, ...] = (
     Option("start_timeout", float, 120.0, "Seconds Process.start() waits for the job to connect back."),
     Option("heartbeat_interval", float, 2.0, "Seconds between master heartbeats to workers."),
     Option("heartbeat_timeout", float, 20.0, "A worker exits when its master is silent this long."),
-    Option("pool_processes", int, None, "Workers of a Pool created with processes=None (default: the backend's answer)."),
+    Option("pool_processes", int, None, "Workers of a Pool created with processes=None (default: the backend's, else the CPU count)."),
+    Option("pool_start_concurrency", int, 0, "Jobs a Pool starts at once, the next when one is ready (0: all at once)."),
     Option("pool_max_task_retries", int, 3, "Times a Pool task is rerun after its worker died before it fails."),
     Option("tls", bool, False, "Run every endpoint over tls+tcp (needs tls_cert_file and tls_ca_file)."),
     Option("tls_cert_file", str, None, "PEM file with this process's certificate and key."),
@@ -98,6 +99,7 @@ ENV_SWITCHES = frozenset(
         "FIBER_MASTER_ADDR",
         "FIBER_TOKEN",
         "FIBER_CONFIG_FILE",
+        "FIBER_PLUGIN_MODULES",
     }
 )
 
@@ -205,6 +207,7 @@ def build_config(
     file_name: str | None,
     env_values: Mapping[str, str],
     init_values: Mapping[str, Any],
+    backend_defaults: Mapping[str, Any] | None = None,
 ) -> Config:
     """Merge the sources over the defaults, converting and validating every value."""
     table: dict[str, Option] = {}
@@ -243,6 +246,9 @@ def build_config(
                 ) from None
             origins[key] = origin_of(key)
 
+    for key, value in (backend_defaults or {}).items():
+        if key in table:
+            values[key] = table[key].convert(value)
     apply(file_values, lambda k: file_name or "config file", strict=True)
     apply(env_values, lambda k: f"environment variable FIBER_{k.upper()}", strict=False)
     apply(init_values, lambda k: f"fibercore.init({k}=...)", strict=True)

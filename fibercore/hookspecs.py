@@ -57,6 +57,22 @@ def fiber_detect_backend() -> str | None:
 
 
 @hookspec
+def fiber_config_defaults() -> dict[str, Any] | None:
+    """Values the selected backend prefers for core config keys.
+
+    Called once when the configuration is built. The result sits between the keys'
+    own defaults and every user source (file, environment, ``init()``), so users
+    still override it. Typical answers: ``pool_processes`` (how many workers
+    ``Pool()`` starts: the local backend says ``os.cpu_count()``) and
+    ``pool_start_concurrency`` (how many jobs a Pool starts at once: jobs sharing
+    this machine's CPUs start faster a few at a time). Results of all plugins are
+    merged; on a conflict the higher-priority plugin (``tryfirst``) wins.
+
+    :return: a mapping of core config keys to values, or None.
+    """
+
+
+@hookspec
 def fiber_config_options() -> list[Option]:
     """Declare the configuration keys this plugin adds.
 
@@ -83,18 +99,6 @@ def fiber_listen_host() -> str | None:
     result wins. The local backend answers ``127.0.0.1``, Kubernetes the pod IP,
     Docker in bridge mode the gateway address. Listeners bind this address only
     (not all interfaces) unless ``listen_host``/``bind_host`` is configured.
-    """
-
-
-@hookspec(firstresult=True)
-def fiber_default_processes(config: Any) -> int | None:
-    """How many workers ``Pool(processes=None)`` starts on this backend.
-
-    Called by the core when a Pool is created without a size and the
-    ``pool_processes`` config key is unset. First non-None wins; with no answer the
-    core uses ``os.cpu_count()``. A cluster backend may answer with its capacity.
-
-    :param config: the effective :class:`fibercore.config.Config`.
     """
 
 

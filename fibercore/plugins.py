@@ -28,7 +28,6 @@ import os
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
-from importlib import metadata
 from typing import Any
 
 import pluggy
@@ -75,6 +74,8 @@ class EntryPointInfo:
 
 def installed(group: str) -> list[EntryPointInfo]:
     """Entry points of ``group``, read from metadata without importing them."""
+    from importlib import metadata
+
     out = []
     for ep in metadata.entry_points(group=group):
         dist = getattr(ep, "dist", None)
@@ -103,11 +104,22 @@ def unknown_backend_message(name: str) -> str:
     )
 
 
-def _load_entry_point(group: str, name: str) -> Any:
+def _load_value(value: str) -> Any:
+    """Import ``module`` or ``module:attribute`` (an entry point's value)."""
+    module_name, _, attr = value.partition(":")
+    obj: Any = importlib.import_module(module_name.strip())
+    for part in filter(None, attr.strip().split(".")):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _load_entry_point(group: str, name: str) -> tuple[Any, str]:
+    from importlib import metadata
+
     for ep in metadata.entry_points(group=group):
         if ep.name == name:
             try:
-                return ep.load()
+                return ep.load(), ep.value
             except Exception as exc:
                 raise ConfigError(
                     f"the {group} plugin {name!r} ({ep.value}) failed to import: "
@@ -150,14 +162,39 @@ class Plugins:
     def __init__(self, pm: pluggy.PluginManager, backend: str) -> None:
         self.pm = pm
         self.backend = backend
+        #: Entry point values of the loaded plugins; jobs import exactly these.
+        self.modules: list[str] = []
         self._undo_trace: Any = None
 
     # -- construction --------------------------------------------------------------
     @classmethod
     def load(cls, backend: str, extra: Iterable[Any] = ()) -> Plugins:
         pm = new_plugin_manager()
-        if not _truthy("FIBER_DISABLE_PLUGIN_AUTOLOAD"):
-            pm.load_setuptools_entrypoints(PLUGINS_GROUP)
+        values: list[str] = []  # what a job must import to have the same plugins
+        resolved = os.environ.get("FIBER_PLUGIN_MODULES")
+        if resolved is not None and backend != os.environ.get("FIBER_BACKEND"):
+            resolved = None  # a job that switched backends looks them up itself
+        if resolved is not None:
+            # In a job: the master resolved the entry points already; importing the
+            # modules directly skips reading every distribution's metadata.
+            for value in filter(None, resolved.split(",")):
+                obj = _load_value(value)
+                if not pm.is_registered(obj):
+                    pm.register(obj, name=value)
+                values.append(value)
+        elif not _truthy("FIBER_DISABLE_PLUGIN_AUTOLOAD"):
+            for info in installed(PLUGINS_GROUP):
+                try:
+                    obj = _load_value(info.value)
+                except Exception as exc:
+                    raise ConfigError(
+                        f"the {PLUGINS_GROUP} plugin {info.name!r} ({info.value}) from "
+                        f"{info.distribution} failed to import: {type(exc).__name__}: {exc}. "
+                        "Reinstall or uninstall it."
+                    ) from exc
+                if not pm.is_registered(obj):
+                    pm.register(obj, name=f"{PLUGINS_GROUP}:{info.name}")
+                values.append(info.value)
         for modname in filter(None, os.environ.get("FIBER_PLUGINS", "").split(",")):
             module = importlib.import_module(modname.strip())
             if not pm.is_registered(module):
@@ -165,9 +202,11 @@ class Plugins:
         for obj in extra:
             if not pm.is_registered(obj):
                 pm.register(obj)
-        backend_plugin = _load_entry_point(BACKENDS_GROUP, backend)
-        if not pm.is_registered(backend_plugin):
-            pm.register(backend_plugin, name=f"{BACKENDS_GROUP}:{backend}")
+        if resolved is None:
+            backend_plugin, value = _load_entry_point(BACKENDS_GROUP, backend)
+            if not pm.is_registered(backend_plugin):
+                pm.register(backend_plugin, name=f"{BACKENDS_GROUP}:{backend}")
+            values.append(value)
         try:
             pm.check_pending()
         except pluggy.PluginValidationError as exc:
@@ -176,6 +215,7 @@ class Plugins:
                 "Check the spelling against fibercore.hookspecs (hooks start with `fiber_`)."
             ) from exc
         self = cls(pm, backend)
+        self.modules = values
         if _truthy("FIBER_TRACE_HOOKS"):
             self.enable_tracing()
         return self
@@ -213,11 +253,13 @@ class Plugins:
     def listen_host(self) -> str:
         return self.pm.hook.fiber_listen_host() or "127.0.0.1"
 
-    def default_processes(self, config: Any) -> int:
-        answer = self.pm.hook.fiber_default_processes(config=config)
-        if answer is None or int(answer) < 1:
-            return os.cpu_count() or 1
-        return int(answer)
+    def config_defaults(self) -> dict[str, Any]:
+        """The backend's preferred values for core keys (``fiber_config_defaults``)."""
+        merged: dict[str, Any] = {}
+        for answer in reversed(self.pm.hook.fiber_config_defaults()):
+            if answer:
+                merged.update(answer)
+        return merged
 
     def create_job(self, spec: JobSpec) -> Job:
         job = self.pm.hook.fiber_create_job(spec=spec)

@@ -84,6 +84,7 @@ class JobPopen:
                 "FIBER_SESSION": rt.session,
                 **cfg.to_env(),
                 "FIBER_BACKEND": rt.backend,
+                "FIBER_PLUGIN_MODULES": ",".join(rt.plugins.modules),
             },
             secret_env={"FIBER_SECRET": rt.secret.hex()},
             name=process.name,

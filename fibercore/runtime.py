@@ -116,7 +116,8 @@ def build(init_values: dict[str, Any] | None = None) -> Runtime:
     )
     plugins = Plugins.load(str(backend).strip(), _extra_plugins)
     options = list(_config.CORE_OPTIONS) + plugins.config_options()
-    cfg = _config.build_config(options, file_values, file_name, env_values, init_values)
+    cfg = _config.build_config(options, file_values, file_name, env_values, init_values,
+                               backend_defaults=plugins.config_defaults())
     _setup_logging(cfg)
     found = _session_from_env()
     if found is not None:

@@ -110,11 +110,12 @@ def main() -> int:
     rt.plugins.worker_start(rt.config)
     exitcode = process_obj._bootstrap(parent)
     finishing.set()
-    from fibercore import connection, queues
-
-    for flush in (queues._at_exit, connection._flush_all):  # deliver what user code sent
+    for module_name, flush_name in (("fibercore.queues", "_at_exit"), ("fibercore.connection", "_flush_all")):
+        module = sys.modules.get(module_name)  # deliver what user code sent, if it used any
+        if module is None:
+            continue
         try:
-            flush()
+            getattr(module, flush_name)()
         except Exception:
             pass
     try:

@@ -225,13 +225,14 @@ def test_processes_none_is_the_backend_default(fresh_runtime):
         assert p.size == (os.cpu_count() or 1)
 
     class ClusterSize:
-        @mp.hookimpl(tryfirst=True)
-        def fiber_default_processes(self, config):
-            return 3
+        @mp.hookimpl(tryfirst=True)  # higher priority: wins over the local backend's answer
+        def fiber_config_defaults(self):
+            return {"pool_processes": 3}
 
     plugin = ClusterSize()
     mp.register_plugin(plugin)
     try:
+        mp.init()  # defaults are read when the configuration is built
         with mp.Pool() as p:
             assert p.size == 3
         mp.init(pool_processes=2)  # the config key wins over the backend's answer

@@ -33,11 +33,13 @@ def through_frame(obj):
     return S.loads(parts)
 
 
+@settings(deadline=None)  # first calls import numpy/cryptography paths; timing is not the point
 @given(plain)
 def test_round_trip_plain(obj):
     assert through_frame(obj) == obj
 
 
+@settings(deadline=None)  # first calls import numpy/cryptography paths; timing is not the point
 @given(hnp.arrays(dtype=hnp.scalar_dtypes(), shape=hnp.array_shapes(max_dims=3, max_side=40)))
 def test_round_trip_numpy(arr):
     out = through_frame(arr)
@@ -55,12 +57,14 @@ def test_large_array_travels_out_of_band_and_stays_writable():
     assert out[0] == 1.0
 
 
+@settings(deadline=None)  # first calls import numpy/cryptography paths; timing is not the point
 @given(st.integers(), st.integers())
 def test_round_trip_lambdas_and_closures(a, b):
     f = lambda x: x * a + b  # noqa: E731
     assert through_frame(f)(3) == 3 * a + b
 
 
+@settings(deadline=None)  # first calls import numpy/cryptography paths; timing is not the point
 @given(st.lists(st.lists(st.binary(max_size=50), max_size=4), max_size=20))
 def test_frames_round_trip_many_messages(messages):
     msgs = [(i % 250 + 1, parts) for i, parts in enumerate(messages)]
@@ -68,13 +72,14 @@ def test_frames_round_trip_many_messages(messages):
     assert [(op, [bytes(p) for p in parts]) for op, parts in out] == msgs
 
 
-@settings(max_examples=200)
+@settings(max_examples=200, deadline=None)
 @given(st.binary(max_size=300))
 def test_garbage_never_unseals(data):
     with pytest.raises(wire.BadFrame):
         wire.unseal(KEY, data)
 
 
+@settings(deadline=None)  # first calls import numpy/cryptography paths; timing is not the point
 @given(st.binary(min_size=1, max_size=100), st.integers(min_value=0))
 def test_any_bit_flip_is_detected(payload, pos):
     frame = bytearray(wire.seal(KEY, [(1, [payload])]))

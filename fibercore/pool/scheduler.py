@@ -47,6 +47,7 @@ from fibercore.errors import (
     WorkerLostError,
 )
 from fibercore.pool import protocol as P
+from fibercore.pool.worker import run_worker
 from fibercore.process import Process
 from fibercore.runtime import get_runtime
 from fibercore.serialization import dumps_or_explain
@@ -104,6 +105,8 @@ class WorkerSlot:
         self.in_idle = self.in_room = False
         self.deadline = deadline
         self.launch_error: BaseException | None = None
+        self.launched = False  # handed to the backend (see Scheduler.start_concurrency)
+        self.settled = False  # ready, failed or gone since its launch
         self.killed_by_pool = False
         self.exitcode: int | None = None
 
@@ -147,6 +150,9 @@ class Scheduler:
         self.resources = resources
         self.retries = retries
         self.start_timeout = float(rt.config.get("start_timeout") or 120.0)
+        self.start_concurrency = int(rt.config.get("pool_start_concurrency") or 0)
+        self._unlaunched: deque[WorkerSlot] = deque()
+        self._launching = 0
         self.channel = rt.listen("router")
         self.address = self.channel.address
 
@@ -404,6 +410,7 @@ class Scheduler:
             return None
         w.peer = peer
         self.by_peer[peer] = w
+        self._started(w)
         if w.state == STARTING:
             w.state = READY
             self.failures_in_a_row = 0
@@ -441,15 +448,37 @@ class Scheduler:
         for _ in range(max(0, n)):
             wid = next(self._wids)
             process = Process(
-                target=_worker_target,
+                target=run_worker,
                 args=(self.address, wid, self.initializer, self.initargs, self.maxtasks),
                 name=f"{self.name}-Worker-{wid}",
                 daemon=True,
             )
             process._fiber_meta = dict(self.resources)  # type: ignore[attr-defined]
-            w = WorkerSlot(wid, process, time.monotonic() + self.start_timeout)
+            w = WorkerSlot(wid, process, float("inf"))
             self.workers[wid] = w
+            self._unlaunched.append(w)
+        self._launch_more()
+
+    def _launch_more(self) -> None:
+        """Launch waiting slots while fewer than ``start_concurrency`` jobs are starting (lock held)."""
+        if self.state == TERMINATE or self.broken is not None:
+            return
+        window = self.start_concurrency or len(self._unlaunched)
+        while self._unlaunched and self._launching < window:
+            w = self._unlaunched.popleft()
+            if w.state != STARTING:
+                continue
+            w.launched = True
+            self._launching += 1
+            w.deadline = time.monotonic() + self.start_timeout
             self._submit(self._launch, w)
+
+    def _started(self, w: WorkerSlot) -> None:
+        """``w`` is ready, failed or gone: let the next job start (lock held)."""
+        if w.launched and not w.settled:
+            w.settled = True
+            self._launching -= 1
+            self._launch_more()
 
     def _launch(self, w: WorkerSlot) -> None:
         try:
@@ -511,13 +540,20 @@ class Scheduler:
         live = [w for w in self.workers.values() if w.state in (STARTING, READY)]
         live.sort(key=lambda w: (w.state != STARTING, len(w.pending), -w.wid))
         for w in live[:count]:
-            if w.state == STARTING and w.peer is None:
+            if not w.launched:
+                self._drop(w)
+            elif w.state == STARTING and w.peer is None:
                 w.state = RETIRING
                 w.killed_by_pool = True
                 self._submit(self._kill, w)
             else:
                 w.state = RETIRING
                 self._send_stop(w)
+
+    def _drop(self, w: WorkerSlot) -> None:
+        """Forget a slot whose job was never launched (lock held)."""
+        w.state = DEAD
+        self.workers.pop(w.wid, None)
 
     def resize(self, n: int) -> None:
         with self.lock:
@@ -608,6 +644,7 @@ class Scheduler:
         failed: list[Chunk] = []
         with self.lock:
             self.workers.pop(w.wid, None)
+            self._started(w)
             if not clean and self.state != TERMINATE:
                 log.warning("%s: worker %s is gone (%s; %s); %d task chunk(s) go back to the queue",
                             self.name, w.name, why, _describe_exit(w.exitcode), len(pending))
@@ -674,6 +711,7 @@ class Scheduler:
             was = w.state
             w.state = DEAD
             self.workers.pop(w.wid, None)
+            self._started(w)
         if was == RETIRING or self.broken is not None:
             return
         self._kill(w)
@@ -761,12 +799,14 @@ class Scheduler:
                 if w.state == READY:
                     w.state = RETIRING
                     self._send_stop(w)
+                elif w.state == STARTING and not w.launched:
+                    self._drop(w)
                 elif w.state == STARTING:
                     w.state = RETIRING
                     w.killed_by_pool = True
                     self._submit(self._kill, w)
         for w in workers:
-            if w.process is None:
+            if w.process is None or not w.launched:
                 continue
             while w.process._popen is None and w.launch_error is None and self.state != TERMINATE:
                 time.sleep(0.01)  # still being launched
@@ -829,13 +869,6 @@ def _chunks(iterable: Iterable[Any], size: int) -> Iterator[list[Any]]:
         if not chunk:
             return
         yield chunk
-
-
-def _worker_target(address: str, wid: int, initializer: Any, initargs: tuple[Any, ...],
-                   maxtasks: int | None) -> None:
-    from fibercore.pool.worker import run_worker
-
-    run_worker(address, wid, initializer, initargs, maxtasks)
 
 
 __all__ = ["Scheduler", "WorkerLostError"]

@@ -1,9 +1,10 @@
 """The loop every pool worker job runs (the target of its Process).
 
-Two threads: a receiver that files incoming chunks into a local deque and answers
-STEAL/STOP at once (even while a long task runs), and the main thread that runs
-chunks one by one and sends their results. Small results that finish while more
-work is queued locally share a frame; anything slower goes out at once.
+The main thread runs chunks one by one and sends their results; while it has
+nothing to run it receives by itself, so a task reaches it without a thread
+hand-off. While a chunk runs long, a poller thread drains the socket, so STEAL and
+STOP are answered at once. Small results that finish while more work is queued
+locally share a frame; anything slower goes out at once.
 """
 
 from __future__ import annotations
@@ -86,6 +87,7 @@ class _Inbox:
         self.stopping = False
         self.closed = False
         self.running_since = 0.0  # when the current chunk started; 0 while idle
+        self.polling = False  # the poller is between a receive and filing its result
         self.busy = threading.Event()
 
     def file(self, messages: list[tuple[int, list[Any]]]) -> None:
@@ -113,7 +115,12 @@ class _Inbox:
             self.channel.send([(P.RETURNED, [P.ids(give_back)])])
 
     def poll_while_busy(self) -> None:
-        """The poller thread: drain the socket while a long chunk runs."""
+        """The poller thread: drain the socket while a long chunk runs.
+
+        It polls only while the chunk it saw start is still running, checked under
+        the lock, and says so in ``polling``: the main thread never blocks in its
+        own receive while a poll may still file a task it would then not see.
+        """
         while True:
             self.busy.wait()
             started = self.running_since
@@ -123,15 +130,40 @@ class _Inbox:
             if time.perf_counter() - started < POLL_AFTER:
                 time.sleep(POLL_AFTER)
                 continue
-            while self.running_since == started:
+            while True:
+                with self.lock:
+                    if self.running_since != started:
+                        break
+                    self.polling = True
+                messages = None
                 try:
                     messages, _ = self.channel.recv(timeout=0)
                 except TransportTimeout:
-                    time.sleep(POLL_EVERY)
-                    continue
+                    pass
                 except TransportClosed:
+                    with self.lock:
+                        self.polling = False
                     return
-                self.file(messages)
+                if messages:
+                    self.file(messages)
+                with self.lock:
+                    self.polling = False
+                if not messages:
+                    time.sleep(POLL_EVERY)
+
+    def finished_chunk(self) -> None:
+        with self.lock:
+            self.running_since = 0.0
+
+    def wait_for_poller(self) -> bool:
+        """True when the main thread may block in receive (no poll in flight, nothing queued)."""
+        while True:
+            with self.lock:
+                if self.tasks or self.stopping:
+                    return False
+                if not self.polling:
+                    return True
+            time.sleep(0.0002)
 
 
 POLL_AFTER = 0.002
@@ -187,6 +219,8 @@ def run_worker(address: str, wid: int, initializer: Callable[..., Any] | None,
                 outbox, out_bytes = [], 0
             if stopping:
                 break
+            if not inbox.wait_for_poller():
+                continue
             try:
                 messages, _ = channel.recv()
             except TransportClosed:
@@ -202,7 +236,7 @@ def run_worker(address: str, wid: int, initializer: Callable[..., Any] | None,
             ok, value = True, _run_chunk(kind, func, payload, serializer)
         except Exception as exc:
             ok, value = False, _wrap_exception(exc)
-        inbox.running_since = 0.0
+        inbox.finished_chunk()
         elapsed = time.perf_counter() - start
         ok, parts = _encode(serializer, ok, value)
         if not outbox:
