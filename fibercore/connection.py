@@ -219,6 +219,9 @@ class Connection:
 
     def close(self) -> None:
         """Flush what was sent, tell the other end, and release the socket."""
+        self._close(10.0)
+
+    def _close(self, flush_timeout: float) -> None:
         if self._closed:
             return
         if self._sender is not None:
@@ -226,7 +229,7 @@ class Connection:
                 self._sender.put((CLOSE, []))
             except TransportClosed:
                 pass
-            self._sender.close(flush=True, timeout=10.0)
+            self._sender.close(flush=True, timeout=flush_timeout)
         elif self._channel is not None and self._writable:
             try:
                 self._channel.send([(CLOSE, [])])
@@ -294,12 +297,23 @@ def wait(object_list: list[Any], timeout: float | None = None) -> list[Any]:
         time.sleep(0.001)
 
 
+#: Seconds the exit handler spends, in all, delivering what open pipes still hold.
+EXIT_FLUSH_BUDGET = 5.0
+
+
 @atexit.register
 def _flush_all() -> None:
-    """At exit, deliver what was sent and tell peers (their recv() then raises EOFError)."""
+    """At exit, deliver what was sent and tell peers (their recv() then raises EOFError).
+
+    One budget for every pipe: a peer that is gone cannot take its data, and exit
+    must not wait for it pipe after pipe.
+    """
+    import time
+
+    deadline = time.monotonic() + EXIT_FLUSH_BUDGET
     for conn in list(_open):
         if conn._sender is not None and not conn._closed:
             try:
-                conn.close()
+                conn._close(max(0.0, deadline - time.monotonic()))
             except Exception:
                 pass

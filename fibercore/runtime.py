@@ -55,10 +55,11 @@ class Runtime:
     def listen(self, kind: str) -> Channel:
         """A new authenticated listening channel on the backend's listen host."""
         endpoint = self.transport.listen(kind, self.bind_host, self.listen_host)
-        return Channel(endpoint, self.secret)
+        return Channel(endpoint, self.secret, role="hub" if kind == "router" else None)
 
     def dial(self, kind: str, address: str) -> Channel:
-        return Channel(self.transport.dial(kind, address), self.secret)
+        endpoint = self.transport.dial(kind, address)
+        return Channel(endpoint, self.secret, role="spoke" if kind == "router" else None)
 
 
 _runtime: Runtime | None = None

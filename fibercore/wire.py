@@ -211,23 +211,114 @@ def _reject(where: str, peer: Hashable, reason: str) -> None:
         )
 
 
-class Channel:
-    """An endpoint whose frames are sealed and unsealed with the session key."""
+#: Reserved op: flow-control credit a spoke returns to its hub (never reaches callers).
+OP_CREDIT = 0xFFFF_FFFF
+#: Frames a hub may have in flight to one spoke before the spoke acknowledges them.
+WINDOW = 2
+#: How long a spoke waits for an outgoing frame to carry its acknowledgement.
+ACK_DELAY = 0.001
 
-    def __init__(self, endpoint: Endpoint, key: bytes) -> None:
+
+class _PeerState:
+    __slots__ = ("credit", "backlog", "lock")
+
+    def __init__(self) -> None:
+        self.credit = WINDOW
+        self.backlog: list[Message] = []
+        self.lock = threading.Lock()
+
+
+class Channel:
+    """An endpoint whose frames are sealed and unsealed with the session key.
+
+    ``role`` adds flow control to router endpoints. A transport may drop frames a
+    listener sends to one peer faster than that peer's connection drains them (nng's
+    polyamorous pair keeps two per pipe and discards the rest). So a *hub* (the
+    listening side) sends at most :data:`WINDOW` frames to a peer until the peer's
+    *spoke* channel acknowledges them; messages sent meanwhile wait and leave
+    together in one frame as credit returns. Spokes acknowledge on their next
+    outgoing frame, or after :data:`ACK_DELAY`. A hub must be received from
+    continuously (credit arrives with received frames); every hub here has a thread
+    doing that.
+    """
+
+    def __init__(self, endpoint: Endpoint, key: bytes, role: str | None = None) -> None:
         self.endpoint = endpoint
         self.address = endpoint.address
         self._key = key
         self._sealer = Sealer(key)
         self._gather = getattr(endpoint, "send_parts", None)
+        self._role = role
+        self._peers: dict[Hashable, _PeerState] = {}
+        self._peers_lock = threading.Lock()
+        self._owed = 0
+        self._owed_lock = threading.Lock()
+        if role == "hub":
+            endpoint.on_peer_event(self._hub_peer_event)
 
-    def send(self, messages: Sequence[Message], peer: Hashable | None = None) -> None:
+    # -- sending -------------------------------------------------------------------------
+    def _send_frame(self, messages: Sequence[Message], peer: Hashable | None) -> None:
         parts = self._sealer.seal_parts(messages)
         if self._gather is not None:
             self._gather(parts, peer)
         else:
             self.endpoint.send(b"".join(parts), peer)
 
+    def send(self, messages: Sequence[Message], peer: Hashable | None = None) -> None:
+        if self._role == "hub" and peer is not None:
+            state = self._state(peer)
+            with state.lock:
+                if state.credit <= 0 or state.backlog:
+                    state.backlog.extend(messages)
+                    return
+                state.credit -= 1
+                self._send_frame(messages, peer)
+            return
+        if self._role == "spoke":
+            owed = self._take_owed()
+            if owed:
+                messages = [(OP_CREDIT, [str(owed).encode()]), *messages]
+        self._send_frame(messages, peer)
+
+    def _state(self, peer: Hashable) -> _PeerState:
+        state = self._peers.get(peer)
+        if state is None:
+            with self._peers_lock:
+                state = self._peers.setdefault(peer, _PeerState())
+        return state
+
+    def _grant(self, peer: Hashable, credit: int) -> None:
+        state = self._state(peer)
+        with state.lock:
+            state.credit += credit
+            if state.backlog and state.credit > 0:
+                batch, state.backlog = state.backlog, []
+                state.credit -= 1
+                try:
+                    self._send_frame(batch, peer)
+                except TransportClosed:
+                    pass
+
+    def _hub_peer_event(self, peer: Hashable, added: bool) -> None:
+        if not added:
+            with self._peers_lock:
+                self._peers.pop(peer, None)
+
+    def _take_owed(self) -> int:
+        with self._owed_lock:
+            owed, self._owed = self._owed, 0
+        return owed
+
+    def flush_credit(self) -> None:
+        """Send owed acknowledgements now (the acker thread calls this)."""
+        owed = self._take_owed()
+        if owed:
+            try:
+                self._send_frame([(OP_CREDIT, [str(owed).encode()])], None)
+            except Exception:  # closed: the hub no longer needs them
+                pass
+
+    # -- receiving -------------------------------------------------------------------------
     def recv(self, timeout: float | None = None) -> tuple[list[tuple[int, list[memoryview]]], Hashable]:
         """Next authentic frame's messages and its peer; forged frames are skipped."""
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -235,17 +326,68 @@ class Channel:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
             data, peer = self.endpoint.recv(remaining)
             try:
-                return unseal(self._key, data), peer
+                messages = unseal(self._key, data)
             except BadFrame as exc:
                 _reject(self.address, peer, str(exc))
                 if deadline is not None and time.monotonic() >= deadline:
                     raise TransportTimeout("only forged frames arrived") from None
+                continue
+            if self._role == "spoke":
+                with self._owed_lock:
+                    self._owed += 1
+                _acker.due(self)
+            elif self._role == "hub" and any(op == OP_CREDIT for op, _ in messages):
+                credit = sum(int(bytes(parts[0])) for op, parts in messages if op == OP_CREDIT)
+                messages = [m for m in messages if m[0] != OP_CREDIT]
+                self._grant(peer, credit)
+                if not messages:
+                    if deadline is not None and time.monotonic() >= deadline:
+                        raise TransportTimeout("only credit arrived")
+                    continue
+            return messages, peer
 
     def on_peer_event(self, callback: Any) -> None:
         self.endpoint.on_peer_event(callback)
 
     def close(self) -> None:
         self.endpoint.close()
+
+
+class _Acker:
+    """One thread per process that sends spokes' acknowledgements nobody carried."""
+
+    def __init__(self) -> None:
+        self._cv = threading.Condition(threading.Lock())
+        self._due: dict[Channel, float] = {}
+        self._thread: threading.Thread | None = None
+
+    def due(self, channel: Channel) -> None:
+        with self._cv:
+            if channel in self._due:
+                return
+            self._due[channel] = time.monotonic() + ACK_DELAY
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="fiber-acker", daemon=True)
+                self._thread.start()
+            self._cv.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._due:
+                    self._cv.wait()
+                now = time.monotonic()
+                ready = [ch for ch, t in self._due.items() if t <= now]
+                if not ready:
+                    self._cv.wait(min(self._due.values()) - now)
+                    continue
+                for ch in ready:
+                    del self._due[ch]
+            for ch in ready:
+                ch.flush_credit()
+
+
+_acker = _Acker()
 
 
 class Sender:

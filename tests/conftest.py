@@ -17,3 +17,4 @@ def fresh_runtime():
 
     yield
     fibercore.init()
+
