@@ -40,11 +40,11 @@ def main(generations: int = 30) -> None:
             mean = sum(fitness) / len(fitness)
             std = (sum((f - mean) ** 2 for f in fitness) / len(fitness)) ** 0.5 or 1.0
             step = [0.0] * DIM
-            for f, s in zip(fitness, seeds):
+            for f, s in zip(fitness, seeds, strict=True):
                 rng = random.Random(s)
                 noise = [rng.gauss(0, 1) for _ in range(DIM)]
-                step = [a + (f - mean) / std * n for a, n in zip(step, noise)]
-            theta = [x + LR / (POPULATION * SIGMA) * g for x, g in zip(theta, step)]
+                step = [a + (f - mean) / std * n for a, n in zip(step, noise, strict=True)]
+            theta = [x + LR / (POPULATION * SIGMA) * g for x, g in zip(theta, step, strict=True)]
             if gen % 5 == 0 or gen == generations - 1:
                 print(f"generation {gen:3d}: fitness {rastrigin(theta):9.3f}")
         print(f"{generations} generations x {POPULATION} evaluations on {pool.size} workers "

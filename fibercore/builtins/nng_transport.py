@@ -157,6 +157,10 @@ class NngTransport:
     def __init__(self, tls: dict[str, Any] | None = None) -> None:
         self._tls = tls
         self._scheme = "tls+tcp" if tls else "tcp"
+        # fibercore's receiver threads are daemons still inside nng_recvmsg at exit;
+        # pynng's atexit nng_fini would tear nng down under them (nng panics and the
+        # process aborts). The OS closes the sockets instead.
+        self.prepare_exit()
 
     def _socket(self, kind: str, listening: bool) -> pynng.Socket:
         opts: dict[str, Any] = {}
@@ -181,9 +185,9 @@ class NngTransport:
         return sock
 
     def prepare_exit(self) -> None:
-        """Skip pynng's nng_fini at exit: it can block on sockets other threads still use.
+        """Skip pynng's nng_fini at exit: it can block on, or crash, sockets other threads use.
 
-        Called by a worker after it flushed everything; the OS then closes the sockets.
+        The OS closes the sockets when the process ends.
         """
         import atexit
 
