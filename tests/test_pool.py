@@ -341,7 +341,7 @@ def test_chaos_10k_tasks_with_workers_killed_repeatedly():
             import random
 
             while not stop.is_set():
-                time.sleep(0.2)
+                time.sleep(0.1)
                 alive = [w for w in p.workers() if w.pid and w.exitcode is None]
                 if alive:
                     victim = random.choice(alive)
@@ -354,12 +354,12 @@ def test_chaos_10k_tasks_with_workers_killed_repeatedly():
         thread = threading.Thread(target=chaos)
         thread.start()
         try:
-            out = p.map(T.slow_square, range(10_000), chunksize=5)
+            out = p.map(functools.partial(T.slow_square, seconds=0.002), range(10_000), chunksize=5)
         finally:
             stop.set()
             thread.join()
         assert out == [x * x for x in range(10_000)]
-        assert len(killed) >= 8  # at least 10% of workers: here, about one kill per worker
+        assert len(killed) >= 8  # every worker slot killed about once or more (~20 kills)
         assert p.stats["retried_chunks"] >= 1
         deadline = time.monotonic() + 30
         while p._core.ready_count() != 8 and time.monotonic() < deadline:
