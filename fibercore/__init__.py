@@ -44,13 +44,14 @@ _LAZY: dict[str, tuple[str, str]] = {
     "Connection": ("fibercore.connection", "Connection"),
     "FiberContext": ("fibercore.context", "FiberContext"),
     "Pool": ("fibercore.pool", "Pool"),
+    "managers": ("fibercore.managers", ""),
     "Queue": ("fibercore.queues", "Queue"),
     "JoinableQueue": ("fibercore.queues", "JoinableQueue"),
     "SimpleQueue": ("fibercore.queues", "SimpleQueue"),
     **{
         name: ("fibercore.context", f"_default_context.{name}")
         for name in (
-            "Pipe", "cpu_count", "get_context", "get_start_method", "set_start_method",
+            "Pipe", "Manager", "cpu_count", "get_context", "get_start_method", "set_start_method",
             "get_all_start_methods", "freeze_support", "set_executable",
             "allow_connection_pickling", "get_logger", "log_to_stderr",
         )
@@ -64,7 +65,7 @@ def __getattr__(name: str) -> Any:
     except KeyError:
         raise AttributeError(f"module 'fibercore' has no attribute {name!r}") from None
     obj: Any = importlib.import_module(module_name)
-    for part in path.split("."):
+    for part in filter(None, path.split(".")):
         obj = getattr(obj, part)
     globals()[name] = obj
     return obj
@@ -91,6 +92,7 @@ __all__ = [
     "JobStartError",
     "JobStatus",
     "JoinableQueue",
+    "Manager",
     "Option",
     "Pipe",
     "Pool",

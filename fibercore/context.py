@@ -65,6 +65,16 @@ class FiberContext:
     def SimpleQueue(self) -> queues.SimpleQueue:
         return queues.SimpleQueue(ctx=self)
 
+    # -- managers -------------------------------------------------------------------------
+    @staticmethod
+    def Manager() -> Any:
+        """A started :class:`fibercore.managers.SyncManager` (its server is a job)."""
+        from fibercore.managers import SyncManager
+
+        manager = SyncManager()
+        manager.start()
+        return manager
+
     # -- pools ----------------------------------------------------------------------------
     def Pool(self, processes: int | None = None, initializer: Any = None, initargs: Any = (),
              maxtasksperchild: int | None = None, **kwargs: Any) -> Any:

@@ -52,14 +52,17 @@ class Runtime:
     def bind_host(self) -> str:
         return self.config.get("bind_host") or self.listen_host
 
-    def listen(self, kind: str) -> Channel:
-        """A new authenticated listening channel on the backend's listen host."""
-        endpoint = self.transport.listen(kind, self.bind_host, self.listen_host)
-        return Channel(endpoint, self.secret, role="hub" if kind == "router" else None)
+    def listen(self, kind: str, key: bytes | None = None) -> Channel:
+        """A new authenticated listening channel on the backend's listen host.
 
-    def dial(self, kind: str, address: str) -> Channel:
+        ``key`` replaces the session secret (a manager with its own ``authkey``).
+        """
+        endpoint = self.transport.listen(kind, self.bind_host, self.listen_host)
+        return Channel(endpoint, key or self.secret, role="hub" if kind == "router" else None)
+
+    def dial(self, kind: str, address: str, key: bytes | None = None) -> Channel:
         endpoint = self.transport.dial(kind, address)
-        return Channel(endpoint, self.secret, role="spoke" if kind == "router" else None)
+        return Channel(endpoint, key or self.secret, role="spoke" if kind == "router" else None)
 
 
 _runtime: Runtime | None = None

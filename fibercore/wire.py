@@ -309,14 +309,31 @@ class Channel:
             owed, self._owed = self._owed, 0
         return owed
 
-    def flush_credit(self) -> None:
-        """Send owed acknowledgements now (the acker thread calls this)."""
+    def flush_credit(self) -> bool:
+        """Send owed acknowledgements now, without waiting (the acker thread calls this).
+
+        Returns False when the transport could not take the frame at once (the peer
+        may be gone): the credit stays owed and the acker tries again later.
+        """
         owed = self._take_owed()
-        if owed:
-            try:
-                self._send_frame([(OP_CREDIT, [str(owed).encode()])], None)
-            except Exception:  # closed: the hub no longer needs them
-                pass
+        if not owed:
+            return True
+        messages = [(OP_CREDIT, [str(owed).encode()])]
+        try:
+            if self._gather is not None:
+                try:
+                    self._gather(self._sealer.seal_parts(messages), None, block=False)
+                except TypeError:  # a transport without non-blocking sends
+                    self._send_frame(messages, None)
+            else:
+                self._send_frame(messages, None)
+        except TransportTimeout:
+            with self._owed_lock:
+                self._owed += owed
+            return False
+        except Exception:  # closed: the hub no longer needs them
+            pass
+        return True
 
     # -- receiving -------------------------------------------------------------------------
     def recv(self, timeout: float | None = None) -> tuple[list[tuple[int, list[memoryview]]], Hashable]:
@@ -361,11 +378,11 @@ class _Acker:
         self._due: dict[Channel, float] = {}
         self._thread: threading.Thread | None = None
 
-    def due(self, channel: Channel) -> None:
+    def due(self, channel: Channel, delay: float = ACK_DELAY) -> None:
         with self._cv:
             if channel in self._due:
                 return
-            self._due[channel] = time.monotonic() + ACK_DELAY
+            self._due[channel] = time.monotonic() + delay
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="fiber-acker", daemon=True)
                 self._thread.start()
@@ -384,7 +401,8 @@ class _Acker:
                 for ch in ready:
                     del self._due[ch]
             for ch in ready:
-                ch.flush_credit()
+                if not ch.flush_credit():
+                    self.due(ch, 0.05)  # the peer is slow or gone: try again, gently
 
 
 _acker = _Acker()

@@ -76,8 +76,11 @@ class NngEndpoint:
     def send(self, data: bytes, peer: Hashable | None = None) -> None:
         self.send_parts([data], peer)
 
-    def send_parts(self, parts: list[Any], peer: Hashable | None = None) -> None:
-        """Send the parts as one frame: each is copied once, straight into the nng message."""
+    def send_parts(self, parts: list[Any], peer: Hashable | None = None, block: bool = True) -> None:
+        """Send the parts as one frame: each is copied once, straight into the nng message.
+
+        ``block=False`` raises TransportTimeout instead of waiting for room (or a peer).
+        """
         msg_p = ffi.new("nng_msg **")
         try:
             check_err(lib.nng_msg_alloc(msg_p, sum(_nbytes(p) for p in parts)))
@@ -91,10 +94,12 @@ class NngEndpoint:
                     offset += n
             if peer is not None:
                 check_err(lib.nng_msg_set_pipe(raw, peer.pipe))  # type: ignore[attr-defined]
-            err = lib.nng_sendmsg(self._sock.socket, raw, 0)
+            err = lib.nng_sendmsg(self._sock.socket, raw, 0 if block else lib.NNG_FLAG_NONBLOCK)
             if err:  # nng frees the message only when it accepted it
                 lib.nng_msg_free(raw)
                 check_err(err)
+        except pynng.TryAgain as exc:
+            raise TransportTimeout(f"{self.address} cannot take a frame now") from exc
         except pynng.Closed as exc:
             raise TransportClosed(f"endpoint {self.address} is closed") from exc
         except pynng.NNGException as exc:

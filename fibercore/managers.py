@@ -1,0 +1,735 @@
+"""Managers and proxies (``multiprocessing.managers``) whose server is a job.
+
+::
+
+    process with proxies                               manager server (a job)
+    proxy._callmethod ─▶ client (one per process       router hub ─▶ per-object call queues
+                          and server; request ids)  ◀── REPLY        run on a thread pool
+                          ◀─ future per call
+
+* ``BaseManager.start()`` runs the server as a Process on the selected backend; the
+  server sends its address back through a Pipe. ``connect()`` joins a running one.
+* Every frame is authenticated (the session secret, or the manager's ``authkey``):
+  nothing from an unauthenticated peer is unpickled.
+* A proxy pickles to its token (type, server address, object id); unpickled in
+  another job it connects to the server and keeps working. The server keeps an
+  object while proxies reference it (incref on creation and unpickling, decref
+  when a proxy is collected).
+* Calls on one object from one process run in order; calls on different objects
+  run in parallel. :class:`AsyncManager` proxies return a handle per call at once.
+"""
+
+from __future__ import annotations
+
+import array
+import itertools
+import logging
+import os
+import queue
+import struct
+import threading
+import weakref
+from collections import deque
+from collections.abc import Callable, Hashable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from fibercore.errors import ProcessError, TimeoutError, TransportClosed, TransportError
+from fibercore.runtime import get_runtime
+
+log = logging.getLogger("fibercore.managers")
+
+CREATE, CALL, INCREF, DECREF, REPLY, SHUTDOWN = range(1, 7)
+RETURN, ERROR, PROXY = 0, 1, 2
+_HEAD = struct.Struct("<QQ")  # request id, object id
+
+
+class RemoteError(ProcessError):
+    """An exception raised in the manager server that could not be sent as itself."""
+
+
+class Token:
+    """Identifies a shared object: its type id, its server's address, its id there."""
+
+    __slots__ = ("typeid", "address", "id")
+
+    def __init__(self, typeid: str, address: str, id: int) -> None:  # noqa: A002
+        self.typeid, self.address, self.id = typeid, address, id
+
+    def __getstate__(self) -> tuple[str, str, int]:
+        return (self.typeid, self.address, self.id)
+
+    def __setstate__(self, state: tuple[str, str, int]) -> None:
+        self.typeid, self.address, self.id = state
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(typeid={self.typeid!r}, address={self.address!r}, id={self.id})"
+
+
+# ------------------------------------------------------------------------------------ server
+class _Server:
+    """Holds the shared objects and runs calls on them (in the manager's job)."""
+
+    def __init__(self, registry: dict[str, tuple[Any, ...]], key: bytes | None) -> None:
+        rt = get_runtime()
+        self.serializer = rt.serializer
+        self.registry = registry
+        self.channel = rt.listen("router", key)
+        self.address = self.channel.address
+        self.objects: dict[int, list[Any]] = {}  # id -> [obj, exposed, method_to_typeid, refs]
+        self.ids = itertools.count(1)
+        self.lock = threading.Lock()
+        self.pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="fiber-manager-call")
+        self.lanes: dict[tuple[Hashable, int], deque[Callable[[], None]]] = {}
+        self.stop = threading.Event()
+
+    def serve_forever(self) -> None:
+        while not self.stop.is_set():
+            try:
+                messages, peer = self.channel.recv(timeout=0.5)
+            except TransportError as exc:
+                if isinstance(exc, TransportClosed):
+                    return
+                continue
+            for op, parts in messages:
+                try:
+                    self._handle(op, parts, peer)
+                except Exception:
+                    log.exception("manager: bad request %s from %r", op, peer)
+
+    def _handle(self, op: int, parts: list[Any], peer: Hashable) -> None:
+        req, ident = _HEAD.unpack(parts[0])
+        if op == SHUTDOWN:
+            self._reply(peer, req, RETURN, None)
+            self.stop.set()
+        elif op == INCREF:
+            with self.lock:
+                if ident in self.objects:
+                    self.objects[ident][3] += 1
+            self._reply(peer, req, RETURN, None)
+        elif op == DECREF:
+            with self.lock:
+                entry = self.objects.get(ident)
+                if entry is not None:
+                    entry[3] -= 1
+                    if entry[3] <= 0:
+                        del self.objects[ident]
+        elif op in (CREATE, CALL):
+            payload = parts[1:]
+            job = (lambda: self._create(peer, req, payload)) if op == CREATE else (
+                lambda: self._call(peer, req, ident, payload))
+            self._enqueue((peer, ident), job)
+
+    def _enqueue(self, lane: tuple[Hashable, int], job: Callable[[], None]) -> None:
+        """Run ``job`` after earlier jobs of the same lane (one object, one client)."""
+        with self.lock:
+            pending = self.lanes.get(lane)
+            if pending is not None:
+                pending.append(job)
+                return
+            self.lanes[lane] = deque([job])
+        self.pool.submit(self._drain, lane)
+
+    def _drain(self, lane: tuple[Hashable, int]) -> None:
+        while True:
+            with self.lock:
+                pending = self.lanes[lane]
+                if not pending:
+                    del self.lanes[lane]
+                    return
+                job = pending[0]
+            try:
+                job()
+            finally:
+                with self.lock:
+                    pending.popleft()
+
+    def _register(self, typeid: str, obj: Any, exposed: Sequence[str] | None,
+                  method_to_typeid: dict[str, str] | None) -> tuple[int, tuple[str, ...]]:
+        if exposed is None:
+            exposed = public_methods(obj)
+        ident = next(self.ids)
+        with self.lock:
+            self.objects[ident] = [obj, tuple(exposed), dict(method_to_typeid or {}), 0]
+        return ident, tuple(exposed)
+
+    def _create(self, peer: Hashable, req: int, payload: list[Any]) -> None:
+        try:
+            typeid, args, kwds = self.serializer.loads(payload)
+            factory, exposed, method_to_typeid, _proxytype = self.registry[typeid]
+            obj = factory(*args, **kwds)
+            if exposed is None:
+                exposed = getattr(obj, "_exposed_", None)
+            self._reply(peer, req, RETURN, self._register(typeid, obj, exposed, method_to_typeid))
+        except Exception as exc:
+            self._reply(peer, req, ERROR, _wrap(exc))
+
+    def _call(self, peer: Hashable, req: int, ident: int, payload: list[Any]) -> None:
+        try:
+            name, args, kwds = self.serializer.loads(payload)
+            with self.lock:
+                entry = self.objects.get(ident)
+            if entry is None:
+                raise KeyError(f"shared object {ident} no longer exists on this manager (all its proxies were released)")
+            obj, exposed, method_to_typeid, _ = entry
+            if name == "#getvalue":
+                self._reply(peer, req, RETURN, obj)
+                return
+            if name not in exposed:
+                raise AttributeError(f"method {name!r} of {type(obj)!r} object is not in the list of allowed methods")
+            result = getattr(obj, name)(*args, **kwds)
+        except Exception as exc:
+            self._reply(peer, req, ERROR, _wrap(exc))
+            return
+        typeid = method_to_typeid.get(name)
+        if typeid is None:
+            self._reply(peer, req, RETURN, result)
+            return
+        try:
+            _, exposed2, m2t, proxytype = self.registry[typeid]
+            if exposed2 is None:
+                exposed2 = getattr(result, "_exposed_", None)
+            new_id, exposed2 = self._register(typeid, result, exposed2, m2t)
+            self._reply(peer, req, PROXY, (typeid, new_id, exposed2, proxytype))
+        except Exception as exc:
+            self._reply(peer, req, ERROR, _wrap(exc))
+
+    def _reply(self, peer: Hashable, req: int, kind: int, value: Any) -> None:
+        try:
+            parts = self.serializer.dumps(value)
+        except Exception as exc:
+            kind, parts = ERROR, self.serializer.dumps(_wrap(RemoteError(
+                f"the manager could not pickle the result ({type(exc).__name__}: {exc})")))
+        try:
+            self.channel.send([(REPLY, [_HEAD.pack(req, kind), *parts])], peer)
+        except TransportError:
+            pass  # the client is gone
+
+
+def _wrap(exc: BaseException) -> Any:
+    from multiprocessing.pool import ExceptionWithTraceback
+
+    return ExceptionWithTraceback(exc, exc.__traceback__)
+
+
+def public_methods(obj: Any) -> tuple[str, ...]:
+    """Names of the public callable attributes of ``obj`` (what an AutoProxy exposes)."""
+    return tuple(name for name in dir(obj) if name[0] != "_" and callable(getattr(obj, name, None)))
+
+
+def _run_server(registry: dict[str, tuple[Any, ...]], key: bytes | None, reply: Any,
+                initializer: Callable[..., Any] | None, initargs: tuple[Any, ...]) -> None:
+    """The manager job: build the server, report its address, serve until shutdown."""
+    if initializer is not None:
+        initializer(*initargs)
+    server = _Server(registry, key)
+    reply.send(server.address)
+    reply.close()
+    server.serve_forever()
+    server.channel.close()
+
+
+# ------------------------------------------------------------------------------------ client
+class Future:
+    """The handle of one call: ``get(timeout)``, ``ready()``, ``wait(timeout)``."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._kind = RETURN
+        self._value: Any = None
+        self._convert: Callable[[Any], Any] | None = None
+
+    def _set(self, kind: int, value: Any) -> None:
+        self._kind, self._value = kind, value
+        self._event.set()
+
+    def ready(self) -> bool:
+        return self._event.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self._event.wait(timeout)
+
+    def successful(self) -> bool:
+        if not self.ready():
+            raise ValueError(f"{self!r} not ready")
+        return self._kind != ERROR
+
+    def get(self, timeout: float | None = None) -> Any:
+        if not self._event.wait(timeout):
+            raise TimeoutError(f"the manager did not answer within {timeout} s")
+        if self._kind == ERROR:
+            raise self._value
+        if self._convert is not None:
+            return self._convert((self._kind, self._value))
+        return self._value
+
+
+class _Client:
+    """This process's connection to one manager server; many proxies share it."""
+
+    def __init__(self, address: str, key: bytes | None) -> None:
+        rt = get_runtime()
+        self.serializer = rt.serializer
+        self.address = address
+        self.channel = rt.dial("router", address, key)
+        self.ids = itertools.count(1)
+        self.waiting: dict[int, Future] = {}
+        self.lock = threading.Lock()
+        self.closed = False
+        self.channel.on_peer_event(self._peer_event)
+        threading.Thread(target=self._receive, name="fiber-manager-client", daemon=True).start()
+
+    def _peer_event(self, peer: object, added: bool) -> None:
+        if not added:  # the server is gone: fail waiting calls, never block on it again
+            self.close(ProcessError(f"the manager at {self.address} went away (shut down or its job ended)"))
+
+    def close(self, exc: BaseException) -> None:
+        self.closed = True
+        self._fail_all(exc)
+        with _clients_lock:
+            if _clients.get((os.getpid(), self.address)) is self:
+                del _clients[(os.getpid(), self.address)]
+
+    def _receive(self) -> None:
+        while True:
+            try:
+                messages, _ = self.channel.recv()
+            except TransportClosed:
+                break
+            for op, parts in messages:
+                if op != REPLY:
+                    continue
+                req, kind = _HEAD.unpack(parts[0])
+                with self.lock:
+                    future = self.waiting.pop(req, None)
+                if future is None:
+                    continue
+                try:
+                    value = self.serializer.loads(parts[1:])
+                except Exception as exc:
+                    kind, value = ERROR, RemoteError(f"cannot unpickle the manager's answer: {exc}")
+                future._set(kind, value)
+        self._fail_all(ProcessError(f"the connection to the manager at {self.address} closed"))
+
+    def _fail_all(self, exc: BaseException) -> None:
+        with self.lock:
+            waiting, self.waiting = self.waiting, {}
+        for future in waiting.values():
+            future._set(ERROR, exc)
+
+    def request(self, op: int, ident: int, value: Any = None, reply: bool = True) -> Future:
+        future = Future()
+        if self.closed:
+            future._set(ERROR, ProcessError(f"the manager at {self.address} is gone (shut down or its job ended)"))
+            return future
+        req = next(self.ids)
+        if reply:
+            with self.lock:
+                self.waiting[req] = future
+        parts = self.serializer.dumps(value)
+        try:
+            self.channel.send([(op, [_HEAD.pack(req, ident), *parts])])
+        except TransportError as exc:
+            with self.lock:
+                self.waiting.pop(req, None)
+            future._set(ERROR, ProcessError(f"cannot reach the manager at {self.address}: {exc}"))
+        if not reply:
+            future._set(RETURN, None)
+        return future
+
+
+_clients: dict[tuple[int, str], _Client] = {}
+_clients_lock = threading.Lock()
+
+
+def _client(address: str, key: bytes | None) -> _Client:
+    k = (os.getpid(), address)
+    with _clients_lock:
+        client = _clients.get(k)
+        if client is None:
+            client = _clients[k] = _Client(address, key)
+        return client
+
+
+# ------------------------------------------------------------------------------------ proxies
+class BaseProxy:
+    """A reference to a shared object in a manager server (``multiprocessing`` semantics)."""
+
+    _exposed_: tuple[str, ...] | None = None
+    _method_to_typeid_: dict[str, str] | None = None
+    _asynchronous = False
+
+    def __init__(self, token: Token, serializer: str = "fiber", manager: Any = None, authkey: bytes | None = None,
+                 exposed: Sequence[str] | None = None, incref: bool = True, manager_owned: bool = False) -> None:
+        self._token = token
+        self._id = token.id
+        self._key = bytes(authkey) if authkey is not None else None
+        self._manager = manager
+        self._exposed = tuple(exposed) if exposed is not None else None
+        self._client = _client(token.address, self._key)
+        if incref and not manager_owned:
+            self._client.request(INCREF, token.id).get()
+        if not manager_owned:
+            # Not at interpreter exit: the server may be gone, and its job ends with ours.
+            weakref.finalize(self, _decref, self._client, token.id).atexit = False
+
+    def _callmethod(self, methodname: str, args: tuple[Any, ...] = (), kwds: dict[str, Any] | None = None) -> Any:
+        """Call ``methodname`` on the shared object; the result, or a handle when asynchronous."""
+        future = self._client.request(CALL, self._id, (methodname, tuple(args), dict(kwds or {})))
+        future._convert = self._convert
+        if self._asynchronous:
+            return future
+        return future.get()
+
+    def _convert(self, answer: tuple[int, Any]) -> Any:
+        kind, value = answer
+        if kind != PROXY:
+            return value
+        typeid, ident, exposed, proxytype = value
+        token = Token(typeid, self._token.address, ident)
+        proxy = (proxytype or AutoProxy)(token, manager=self._manager, authkey=self._key, exposed=exposed)
+        proxy._asynchronous = self._asynchronous
+        return proxy
+
+    def _getvalue(self) -> Any:
+        """A copy of the referent."""
+        return self._callmethod("#getvalue")
+
+    def __reduce__(self) -> Any:
+        # Keep the object alive for the copy in flight; the copy adopts this reference.
+        self._client.request(INCREF, self._id).get()
+        key = self._key if self._key != get_runtime().secret else None
+        return (_rebuild_proxy, (type(self), self._token, key, self._exposed))
+
+    def __deepcopy__(self, memo: Any) -> Any:
+        return self._getvalue()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} object, typeid {self._token.typeid!r} at {id(self):#x}>"
+
+    def __str__(self) -> str:
+        try:
+            return self._callmethod("__repr__")
+        except Exception:
+            return repr(self)[:-1] + "; '__str__()' failed>"
+
+
+def _decref(client: _Client, ident: int) -> None:
+    if not client.closed:
+        try:
+            client.request(DECREF, ident, reply=False)
+        except Exception:
+            pass
+
+
+def _rebuild_proxy(cls: type[BaseProxy], token: Token, key: bytes | None, exposed: Any) -> BaseProxy:
+    return cls(token, authkey=key, exposed=exposed, incref=False)
+
+
+def MakeProxyType(name: str, exposed: Sequence[str], _cache: dict[Any, type] = {}) -> type:  # noqa: B006, N802
+    """A BaseProxy subclass whose methods call the exposed methods of the referent."""
+    exposed = tuple(exposed)
+    try:
+        return _cache[(name, exposed)]
+    except KeyError:
+        pass
+    namespace: dict[str, Any] = {}
+    for meth in exposed:
+        def method(self: BaseProxy, *args: Any, _name: str = meth, **kwds: Any) -> Any:
+            return self._callmethod(_name, args, kwds)
+        method.__name__ = meth
+        namespace[meth] = method
+    proxytype = type(name, (BaseProxy,), namespace)
+    proxytype._exposed_ = exposed
+    _cache[(name, exposed)] = proxytype
+    return proxytype
+
+
+def AutoProxy(token: Token, serializer: str = "fiber", manager: Any = None, authkey: bytes | None = None,  # noqa: N802
+              exposed: Sequence[str] | None = None, incref: bool = True, manager_owned: bool = False) -> BaseProxy:
+    """A proxy exposing the referent's public methods (or ``exposed``)."""
+    if exposed is None:
+        exposed = ()
+    proxytype = MakeProxyType(f"AutoProxy[{token.typeid}]", exposed)
+    return proxytype(token, manager=manager, authkey=authkey, exposed=exposed, incref=incref,
+                     manager_owned=manager_owned)
+
+
+class IteratorProxy(BaseProxy):
+    _exposed_ = ("__next__", "send", "throw", "close")
+
+    def __iter__(self) -> IteratorProxy:
+        return self
+
+    def __next__(self, *args: Any) -> Any:
+        return self._callmethod("__next__", args)
+
+    def send(self, *args: Any) -> Any:
+        return self._callmethod("send", args)
+
+
+class NamespaceProxy(BaseProxy):
+    _exposed_ = ("__getattribute__", "__setattr__", "__delattr__")
+
+    def __getattr__(self, key: str) -> Any:
+        if key[0] == "_":
+            return object.__getattribute__(self, key)
+        return object.__getattribute__(self, "_callmethod")("__getattribute__", (key,))
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        if key[0] == "_":
+            object.__setattr__(self, key, value)
+            return
+        object.__getattribute__(self, "_callmethod")("__setattr__", (key, value))
+
+    def __delattr__(self, key: str) -> None:
+        if key[0] == "_":
+            object.__delattr__(self, key)
+            return
+        object.__getattribute__(self, "_callmethod")("__delattr__", (key,))
+
+
+class ValueProxy(BaseProxy):
+    _exposed_ = ("get", "set")
+
+    def get(self) -> Any:
+        return self._callmethod("get")
+
+    def set(self, value: Any) -> None:
+        self._callmethod("set", (value,))
+
+    value = property(get, set)
+
+
+_LIST_METHODS = ("__add__", "__contains__", "__delitem__", "__getitem__", "__len__", "__mul__",
+                 "__reversed__", "__rmul__", "__setitem__", "append", "count", "extend", "index",
+                 "insert", "pop", "remove", "reverse", "sort", "__imul__")
+BaseListProxy = MakeProxyType("BaseListProxy", _LIST_METHODS)
+
+
+class ListProxy(BaseListProxy):  # type: ignore[misc, valid-type]
+    def __iadd__(self, value: Any) -> ListProxy:
+        self._callmethod("extend", (value,))
+        return self
+
+    def __imul__(self, value: Any) -> ListProxy:
+        self._callmethod("__imul__", (value,))
+        return self
+
+
+_DICT_METHODS = ("__contains__", "__delitem__", "__getitem__", "__iter__", "__len__", "__setitem__",
+                 "clear", "copy", "get", "items", "keys", "pop", "popitem", "setdefault", "update", "values")
+DictProxy = MakeProxyType("DictProxy", _DICT_METHODS)
+DictProxy._method_to_typeid_ = {"__iter__": "Iterator"}
+ArrayProxy = MakeProxyType("ArrayProxy", ("__len__", "__getitem__", "__setitem__"))
+
+
+class Namespace:
+    """A plain attribute bag, shared through ``SyncManager.Namespace()``."""
+
+    def __init__(self, **kwds: Any) -> None:
+        self.__dict__.update(kwds)
+
+    def __repr__(self) -> str:
+        items = ", ".join(f"{k}={v!r}" for k, v in sorted(self.__dict__.items()) if not k.startswith("_"))
+        return f"Namespace({items})"
+
+
+class Value:
+    """A boxed value (``SyncManager.Value``): a proxy target, not shared memory."""
+
+    def __init__(self, typecode: Any, value: Any, lock: bool = True) -> None:
+        self._typecode = typecode
+        self._value = value
+
+    def get(self) -> Any:
+        return self._value
+
+    def set(self, value: Any) -> None:
+        self._value = value
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._typecode!r}, {self._value!r})"
+
+    value = property(get, set)
+
+
+def Array(typecode: str, sequence: Any, lock: bool = True) -> array.array:  # noqa: N802
+    return array.array(typecode, sequence)
+
+
+# ------------------------------------------------------------------------------------ managers
+class BaseManager:
+    """Start a manager server as a job (``start``) or join one (``connect``); create shared objects."""
+
+    _registry: dict[str, tuple[Any, ...]] = {}
+    _asynchronous = False
+
+    def __init__(self, address: str | None = None, authkey: bytes | None = None, serializer: str = "fiber",
+                 ctx: Any = None, *, shutdown_timeout: float = 1.0) -> None:
+        self._address = address
+        self._authkey = bytes(authkey) if authkey is not None else None
+        self._process: Any = None
+        self._state = "initial"
+        self._shutdown_timeout = shutdown_timeout
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def start(self, initializer: Callable[..., Any] | None = None, initargs: Sequence[Any] = ()) -> None:
+        """Run the server as a job on the selected backend and wait for its address."""
+        from fibercore import Pipe, Process
+
+        if self._state != "initial":
+            raise ProcessError(f"cannot start a manager that is {self._state}")
+        if initializer is not None and not callable(initializer):
+            raise TypeError("initializer must be a callable")
+        reader, writer = Pipe(duplex=False)
+        self._process = Process(
+            target=_run_server,
+            args=(dict(self._registry), self._authkey, writer, initializer, tuple(initargs)),
+            name=type(self).__name__ + "-server",
+        )
+        self._process.start()
+        writer.close()
+        timeout = float(get_runtime().config.get("start_timeout") or 120.0)
+        if not reader.poll(timeout):
+            self._process.kill()
+            raise ProcessError(f"the manager server did not report its address within {timeout:.0f} s; "
+                               f"its logs:\n{self._process.logs()}")
+        try:
+            self._address = reader.recv()
+        except EOFError:
+            self._process.join(5)
+            raise ProcessError(
+                f"the manager server exited ({self._process.exitcode}) before it was ready; its logs:\n"
+                f"{self._process.logs()}") from None
+        self._state = "started"
+
+    def connect(self) -> None:
+        """Use the running server at ``address`` (given to the constructor)."""
+        if self._address is None:
+            raise ValueError("connect() needs the address of a running manager: BaseManager(address=...)")
+        _client(self._address, self._authkey)
+        self._state = "connected"
+
+    def get_server(self) -> Any:
+        raise NotImplementedError(
+            "fibercore runs the server as a job: use start() (or connect() to a running one)")
+
+    def shutdown(self) -> None:
+        """Stop the server (and its job) if this manager started it."""
+        if self._state == "started" and self._address is not None:
+            try:
+                _client(self._address, self._authkey).request(SHUTDOWN, 0).get(self._shutdown_timeout + 5)
+            except Exception:
+                pass
+            client = _clients.get((os.getpid(), self._address))
+            if client is not None:
+                client.close(ProcessError(f"the manager at {self._address} was shut down"))
+            if self._process is not None:
+                self._process.join(self._shutdown_timeout + 5)
+                if self._process.is_alive():
+                    self._process.terminate()
+                    self._process.join(5)
+        self._state = "shutdown"
+
+    def join(self, timeout: float | None = None) -> None:
+        if self._process is not None:
+            self._process.join(timeout)
+
+    def __enter__(self) -> BaseManager:
+        if self._state == "initial":
+            self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    @property
+    def address(self) -> str | None:
+        return self._address
+
+    @property
+    def authkey(self) -> bytes:
+        return self._authkey or get_runtime().secret
+
+    # -- creating shared objects -----------------------------------------------------------------
+    def _create(self, typeid: str, *args: Any, **kwds: Any) -> BaseProxy:
+        if self._state not in ("started", "connected"):
+            raise ProcessError(f"the manager is {self._state}: call start() or connect() first")
+        _, exposed, _m2t, proxytype = self._registry[typeid]
+        client = _client(self._address, self._authkey)  # type: ignore[arg-type]
+        ident, exposed = client.request(CREATE, 0, (typeid, args, kwds)).get()
+        token = Token(typeid, self._address, ident)  # type: ignore[arg-type]
+        proxy = (proxytype or AutoProxy)(token, manager=self, authkey=self._authkey, exposed=exposed)
+        if self._asynchronous:
+            proxy._asynchronous = True
+        return proxy
+
+    @classmethod
+    def register(cls, typeid: str, callable: Callable[..., Any] | None = None, proxytype: Any = None,  # noqa: A002
+                 exposed: Sequence[str] | None = None, method_to_typeid: dict[str, str] | None = None,
+                 create_method: bool = True) -> None:
+        """Register a type (a factory) that managers of this class can create and serve."""
+        if "_registry" not in cls.__dict__:
+            cls._registry = dict(cls._registry)
+        if proxytype is None:
+            proxytype = AutoProxy
+        exposed = exposed or getattr(proxytype, "_exposed_", None)
+        method_to_typeid = method_to_typeid or getattr(proxytype, "_method_to_typeid_", None)
+        if method_to_typeid:
+            for key, value in method_to_typeid.items():
+                assert type(key) is str and type(value) is str, f"{key!r} -> {value!r} is not str -> str"
+        cls._registry[typeid] = (callable, exposed, method_to_typeid, proxytype)
+        if create_method:
+            def temp(self: BaseManager, *args: Any, **kwds: Any) -> Any:
+                return self._create(typeid, *args, **kwds)
+            temp.__name__ = typeid
+            setattr(cls, typeid, temp)
+
+
+class SyncManager(BaseManager):
+    """``dict``, ``list``, ``Namespace``, ``Queue``, ``JoinableQueue``, ``Value``, ``Array``... as proxies."""
+
+
+SyncManager.register("Queue", queue.Queue)
+SyncManager.register("JoinableQueue", queue.Queue)
+SyncManager.register("dict", dict, DictProxy)
+SyncManager.register("list", list, ListProxy)
+SyncManager.register("Namespace", Namespace, NamespaceProxy)
+SyncManager.register("Value", Value, ValueProxy)
+SyncManager.register("Array", Array, ArrayProxy)
+SyncManager.register("Iterator", proxytype=IteratorProxy, create_method=False)
+
+
+class AsyncManager(SyncManager):
+    """Like SyncManager, but each proxy method call returns a handle at once.
+
+    ``handle.get(timeout)`` gives that call's result (or raises its remote
+    exception), in whatever order handles are collected; ``ready()`` and ``wait()``
+    as on an AsyncResult. Calls on one object run in the order they were made.
+    """
+
+    _asynchronous = True
+
+
+__all__ = [
+    "Array",
+    "AsyncManager",
+    "AutoProxy",
+    "BaseListProxy",
+    "BaseManager",
+    "BaseProxy",
+    "DictProxy",
+    "Future",
+    "IteratorProxy",
+    "ListProxy",
+    "MakeProxyType",
+    "Namespace",
+    "NamespaceProxy",
+    "RemoteError",
+    "SyncManager",
+    "Token",
+    "Value",
+    "ValueProxy",
+    "public_methods",
+]
