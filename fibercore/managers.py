@@ -654,8 +654,12 @@ class BaseManager:
 
     # -- creating shared objects -----------------------------------------------------------------
     def _create(self, typeid: str, *args: Any, **kwds: Any) -> BaseProxy:
+        if self._state == "initial":
+            # The original fiber's examples create objects without start(): start (or
+            # connect to ``address``) on first use.
+            self.start() if self._address is None else self.connect()
         if self._state not in ("started", "connected"):
-            raise ProcessError(f"the manager is {self._state}: call start() or connect() first")
+            raise ProcessError(f"the manager is {self._state}: create a new manager and start() it")
         _, exposed, _m2t, proxytype = self._registry[typeid]
         client = _client(self._address, self._authkey)  # type: ignore[arg-type]
         ident, exposed = client.request(CREATE, 0, (typeid, args, kwds)).get()
