@@ -80,6 +80,26 @@ def spawn_grandchild(q: Any) -> None:
     q.put(p.exitcode)
 
 
+def fill_shared(d: Any, q: Any) -> None:
+    d[fc.current_process().name] = os.getpid()
+    q.put("filled")
+
+
+def ring_report(rank: int, size: int) -> None:
+    from fibercore import ring
+
+    me = ring.current()
+    _ring_out.put((rank, size, me.master_addr if me else None))
+
+
+_ring_out: Any = None
+
+
+def ring_init(out: Any) -> None:
+    global _ring_out
+    _ring_out = out
+
+
 def triple(x: int) -> int:
     return 3 * x
 
@@ -257,6 +277,26 @@ class BackendConformance:
             assert victim not in pool.workers()
             assert pool.stats["replaced_workers"] >= 1
             assert pool.apply(triple, (1,)) == 3
+
+    # -- managers and rings ----------------------------------------------------------------------
+    def test_manager_server_is_a_job_and_proxies_cross_jobs(self) -> None:
+        from fibercore.managers import SyncManager
+
+        with SyncManager() as manager:
+            assert manager._process.job.backend == self.backend
+            d, q = manager.dict(), manager.Queue()
+            p = fc.Process(target=fill_shared, args=(d, q))
+            p.start()
+            assert q.get(timeout=self.timeout) == "filled"
+            p.join(self.timeout)
+            assert p.exitcode == 0 and list(d.keys()) == [p.name]
+
+    def test_ring_members_rendezvous(self) -> None:
+        out = fc.Queue()
+        ring = fc.Ring(2, ring_report, initializer=ring_init, initargs=(out,))
+        ring.run(timeout=self.timeout * 2)
+        got = sorted(out.get(timeout=self.timeout) for _ in range(2))
+        assert [(r, s) for r, s, _ in got] == [(0, 2), (1, 2)] and got[0][2] == got[1][2]
 
     # -- failures and cleanup -----------------------------------------------------------------------
     def test_start_failure_reports_status_and_logs(self) -> None:
