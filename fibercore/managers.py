@@ -34,7 +34,13 @@ from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from fibercore.errors import ProcessError, TimeoutError, TransportClosed, TransportError
+from fibercore.errors import (
+    AuthenticationError,
+    ProcessError,
+    TimeoutError,
+    TransportClosed,
+    TransportError,
+)
 from fibercore.runtime import get_runtime
 
 log = logging.getLogger("fibercore.managers")
@@ -287,8 +293,9 @@ class _Client:
         self.closed = True
         self._fail_all(exc)
         with _clients_lock:
-            if _clients.get((os.getpid(), self.address)) is self:
-                del _clients[(os.getpid(), self.address)]
+            for k, client in list(_clients.items()):
+                if client is self:
+                    del _clients[k]
 
     def _receive(self) -> None:
         while True:
@@ -338,12 +345,12 @@ class _Client:
         return future
 
 
-_clients: dict[tuple[int, str], _Client] = {}
+_clients: dict[tuple[int, str, bytes | None], _Client] = {}
 _clients_lock = threading.Lock()
 
 
 def _client(address: str, key: bytes | None) -> _Client:
-    k = (os.getpid(), address)
+    k = (os.getpid(), address, key)
     with _clients_lock:
         client = _clients.get(k)
         if client is None:
@@ -604,11 +611,24 @@ class BaseManager:
                 f"{self._process.logs()}") from None
         self._state = "started"
 
-    def connect(self) -> None:
-        """Use the running server at ``address`` (given to the constructor)."""
+    def connect(self, timeout: float = 10.0) -> None:
+        """Use the running server at ``address`` (given to the constructor).
+
+        Raises AuthenticationError when no authenticated answer comes back (another
+        ``authkey``, or not a fibercore manager at that address).
+        """
         if self._address is None:
             raise ValueError("connect() needs the address of a running manager: BaseManager(address=...)")
-        _client(self._address, self._authkey)
+        client = _client(self._address, self._authkey)
+        try:
+            client.request(INCREF, 0).get(timeout)  # a no-op round trip: proves both sides share the key
+        except TimeoutError:
+            client.close(AuthenticationError("not authenticated"))
+            raise AuthenticationError(
+                f"no authenticated answer from the manager at {self._address} within {timeout:.0f} s: it "
+                "uses another authkey (or session), or is not a fibercore manager. Pass the authkey the "
+                "manager was created with."
+            ) from None
         self._state = "connected"
 
     def get_server(self) -> Any:
@@ -622,7 +642,7 @@ class BaseManager:
                 _client(self._address, self._authkey).request(SHUTDOWN, 0).get(self._shutdown_timeout + 5)
             except Exception:
                 pass
-            client = _clients.get((os.getpid(), self._address))
+            client = _clients.get((os.getpid(), self._address, self._authkey))
             if client is not None:
                 client.close(ProcessError(f"the manager at {self._address} was shut down"))
             if self._process is not None:

@@ -219,3 +219,17 @@ def test_the_blogs_remote_env_example_runs_as_written():
     example = runpy.run_path(str(path))  # not as __main__: call its train() with fewer steps
     final = example["train"](steps=5, num_envs=4)
     assert len(final) == 4 and all(isinstance(o, float) for o in final)
+
+
+def test_authkey_of_its_own_and_a_wrong_key_is_refused():
+    key = b"a manager key of its own 123456"
+    with SyncManager(authkey=key) as m:
+        assert m.authkey == key
+        d = m.dict(x=1)
+        other = SyncManager(address=m.address, authkey=key)
+        other.connect()
+        assert other.dict(y=2).copy() == {"y": 2}
+        assert d.copy() == {"x": 1}
+        intruder = SyncManager(address=m.address)  # the session secret, not the manager's key
+        with pytest.raises(mp.AuthenticationError, match="another authkey"):
+            intruder.connect(timeout=2)
