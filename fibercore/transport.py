@@ -42,8 +42,9 @@ class Endpoint(Protocol):
         once the endpoint is closed.
         """
 
-    # Optional: ``send_parts(parts, peer=None)`` sends the concatenation of ``parts``
-    # as one frame, copying each part once (the core uses it when present).
+    # Optional: ``send_parts(parts, peer=None, block=True)`` sends the concatenation of
+    # ``parts`` as one frame, copying each part once (the core uses it when present);
+    # with ``block=False`` it raises TransportTimeout rather than wait for room.
 
     def on_peer_event(self, callback: PeerCallback) -> None:
         """Call ``callback(peer, True)`` when a peer connects and ``(peer, False)`` when it goes."""

@@ -139,11 +139,6 @@ def seal(key: bytes, messages: Sequence[Message]) -> bytes:
     return b"".join(sealer(key).seal_parts(messages))
 
 
-def seal_parts(key: bytes, messages: Sequence[Message]) -> list[Any]:
-    """The frame as a list of buffers, for transports that gather (see :class:`Sealer`)."""
-    return sealer(key).seal_parts(messages)
-
-
 def unseal(key: bytes, frame: bytes | memoryview) -> list[tuple[int, list[memoryview]]]:
     """Authenticate ``frame`` and split it into messages; raise BadFrame otherwise."""
     view = memoryview(frame)
@@ -257,11 +252,11 @@ class Channel:
             endpoint.on_peer_event(self._hub_peer_event)
 
     # -- sending -------------------------------------------------------------------------
-    def _send_frame(self, messages: Sequence[Message], peer: Hashable | None) -> None:
+    def _send_frame(self, messages: Sequence[Message], peer: Hashable | None, block: bool = True) -> None:
         parts = self._sealer.seal_parts(messages)
         if self._gather is not None:
-            self._gather(parts, peer)
-        else:
+            self._gather(parts, peer, block=block)
+        else:  # a transport without gathering sends always block
             self.endpoint.send(b"".join(parts), peer)
 
     def send(self, messages: Sequence[Message], peer: Hashable | None = None) -> None:
@@ -318,15 +313,8 @@ class Channel:
         owed = self._take_owed()
         if not owed:
             return True
-        messages = [(OP_CREDIT, [str(owed).encode()])]
         try:
-            if self._gather is not None:
-                try:
-                    self._gather(self._sealer.seal_parts(messages), None, block=False)
-                except TypeError:  # a transport without non-blocking sends
-                    self._send_frame(messages, None)
-            else:
-                self._send_frame(messages, None)
+            self._send_frame([(OP_CREDIT, [str(owed).encode()])], None, block=False)
         except TransportTimeout:
             with self._owed_lock:
                 self._owed += owed

@@ -44,9 +44,6 @@ def slow_square(x: int, seconds: float = 0.001) -> int:
     return x * x
 
 
-def sleep_and_pid(seconds: float) -> int:
-    time.sleep(seconds)
-    return os.getpid()
 
 
 def pid(_: Any = None) -> int:
@@ -87,11 +84,3 @@ def lock_result(_: Any = None) -> Any:
     import threading
 
     return threading.Lock()
-
-
-def echo(x: Any) -> Any:
-    return x
-
-
-def nbytes(x: Any) -> int:
-    return len(x) if isinstance(x, (bytes, bytearray)) else int(x.nbytes)

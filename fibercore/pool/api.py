@@ -17,7 +17,6 @@ from typing import Any
 from fibercore.pool import protocol as P
 from fibercore.pool.results import (
     ApplyResult,
-    AsyncResult,
     IMapIterator,
     IMapUnorderedIterator,
     MapResult,
@@ -292,12 +291,4 @@ class ThreadPool:
         return _ThreadPool(processes, initializer, tuple(initargs))
 
 
-__all__ = [
-    "ApplyResult",
-    "AsyncResult",
-    "IMapIterator",
-    "IMapUnorderedIterator",
-    "MapResult",
-    "Pool",
-    "ThreadPool",
-]
+__all__ = ["Pool", "ThreadPool"]

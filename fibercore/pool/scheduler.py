@@ -51,7 +51,6 @@ from fibercore.pool.worker import run_worker
 from fibercore.process import Process
 from fibercore.runtime import get_runtime
 from fibercore.serialization import dumps_or_explain
-from fibercore.types import JobStatus
 
 log = logging.getLogger("fibercore.pool")
 
@@ -436,6 +435,10 @@ class Scheduler:
                 f"the result of task {chunk.index} of {chunk.batch.name} arrived but could not be "
                 f"unpickled in the master ({type(exc).__name__}: {exc}); results must be importable here"
             )
+        self._settle(chunk, ok, value)
+
+    def _settle(self, chunk: Chunk, ok: bool, value: Any) -> None:
+        """Hand a finished chunk's outcome to its result object; the chunk is no longer outstanding."""
         try:
             chunk.batch.sink._set(chunk.index, ok, value)
         finally:
@@ -682,12 +685,7 @@ class Scheduler:
             if chunk.done:
                 return
             chunk.done = True
-        try:
-            chunk.batch.sink._set(chunk.index, False, exc)
-        finally:
-            with self.lock:
-                self.chunks.pop(chunk.cid, None)
-                self.changed.notify_all()
+        self._settle(chunk, False, exc)
 
     def _job_name(self, w: WorkerSlot) -> str:
         job = w.process.job if w.process is not None else None
@@ -856,10 +854,6 @@ class Scheduler:
         with self.lock:
             return [w.process for w in self.workers.values() if w.process is not None and w.state != DEAD]
 
-    def job_status(self, w: WorkerSlot) -> JobStatus:
-        if w.process is None or w.process._popen is None:
-            return JobStatus.UNKNOWN
-        return self.rt.plugins.job_status(w.process._popen.job)
 
 
 def _chunks(iterable: Iterable[Any], size: int) -> Iterator[list[Any]]:
