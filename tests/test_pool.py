@@ -368,7 +368,10 @@ def test_chaos_10k_tasks_with_workers_killed_repeatedly():
         deadline = time.monotonic() + 30
         while not settled() and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert settled()
+        core = p._core
+        assert settled(), (core.target, core._launching, len(core._unlaunched), core.next_spawn_at - time.monotonic(),
+                           core.failures_in_a_row, core.broken,
+                           [(w.wid, w.state, w.launched, w.settled, w.poll()) for w in core.workers.values()])
 
 
 # ---------------------------------------------------------------- scaling
