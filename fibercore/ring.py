@@ -93,6 +93,8 @@ class Ring:
 
     def run(self, timeout: float | None = None) -> None:
         """Start every member, wait for all; raise ProcessError if one fails (others are stopped)."""
+        from multiprocessing.connection import wait
+
         from fibercore import Process, Queue
 
         rendezvous = Queue()
@@ -107,19 +109,21 @@ class Ring:
             for p in self.members:
                 p._popen.wait_started()
             deadline = None if timeout is None else time.monotonic() + timeout
-            while True:
-                codes = [p.exitcode for p in self.members]
-                failed = [(rank, code) for rank, code in enumerate(codes) if code not in (None, 0)]
-                if failed:
-                    rank, code = failed[0]
-                    raise ProcessError(
-                        f"Ring member {rank} of {self.size} failed with exit code {code}; the other "
-                        f"members were stopped.\n  its logs:\n{self.members[rank].logs().strip()[-3000:]}")
-                if all(code == 0 for code in codes):
-                    return
-                if deadline is not None and time.monotonic() > deadline:
+            # Wait on the members' sentinels, so that the member that failed first is the
+            # one reported: when one dies, the others then fail in their collectives.
+            waiting = {p.sentinel: rank for rank, p in enumerate(self.members)}
+            while waiting:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
                     raise ProcessError(f"the Ring did not finish within {timeout} s; its members were stopped")
-                time.sleep(0.05)
+                for fd in wait(list(waiting), remaining):
+                    rank = waiting.pop(fd)
+                    member = self.members[rank]
+                    member.join()
+                    if member.exitcode != 0:
+                        raise ProcessError(
+                            f"Ring member {rank} of {self.size} failed with exit code {member.exitcode}; the "
+                            f"other members were stopped.\n  its logs:\n{member.logs().strip()[-3000:]}")
         except BaseException:
             for p in self.members:
                 if p._popen is not None and p.exitcode is None:
