@@ -147,14 +147,23 @@ class AdminHub:
         self.channel.close()
 
 
-_hub: AdminHub | None = None
+_hubs: dict[tuple[str, str, bool], AdminHub] = {}
 _hub_lock = threading.Lock()
 
 
 def get_hub() -> AdminHub:
-    global _hub
-    if _hub is None:
+    """The hub jobs of the current configuration connect to.
+
+    One per advertised address: ``init()`` may switch the backend or its network (a
+    bridge instead of the host's), and jobs started afterwards must reach a listener
+    on the new address; hubs of earlier jobs stay up for them.
+    """
+    rt = get_runtime()
+    key = (rt.listen_host, rt.bind_host, bool(rt.config.get("tls")))
+    hub = _hubs.get(key)
+    if hub is None:
         with _hub_lock:
-            if _hub is None:
-                _hub = AdminHub(get_runtime())
-    return _hub
+            hub = _hubs.get(key)
+            if hub is None:
+                hub = _hubs[key] = AdminHub(rt)
+    return hub

@@ -100,6 +100,7 @@ ENV_SWITCHES = frozenset(
         "FIBER_TOKEN",
         "FIBER_CONFIG_FILE",
         "FIBER_PLUGIN_MODULES",
+        "FIBER_MASTER_PYTHON",
     }
 )
 

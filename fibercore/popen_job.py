@@ -63,7 +63,7 @@ class JobPopen:
         self.returncode: int | None = None
         self._sentinel_r: int | None = None
         self._sentinel_lock = threading.Lock()
-        hub = admin.get_hub()
+        hub = self._hub = admin.get_hub()
         prep = {
             "sys_path": list(sys.path),
             "cwd": os.getcwd(),
@@ -85,6 +85,7 @@ class JobPopen:
                 **cfg.to_env(),
                 "FIBER_BACKEND": rt.backend,
                 "FIBER_PLUGIN_MODULES": ",".join(rt.plugins.modules),
+                "FIBER_MASTER_PYTHON": "{}.{}".format(*sys.version_info[:2]),
             },
             secret_env={"FIBER_SECRET": rt.secret.hex()},
             name=process.name,
@@ -144,14 +145,14 @@ class JobPopen:
     def start_error(self, what: str, status: JobStatus) -> JobStartError:
         """The error for a job that never connected: what happened, the job, its logs."""
         rt = self._rt
-        admin.get_hub().forget(self._launch)
+        self._hub.forget(self._launch)
         logs = rt.plugins.job_logs(self.job)
         return JobStartError(
             f"{self.spec.name} failed to start on backend {rt.backend!r}: {what}.\n"
             f"  job: {self.job.jid} (status {status.value})\n"
             f"  command: {' '.join(self.spec.command)}\n"
             f"  likely causes: the worker's Python cannot import fibercore (image or "
-            f"python_exe), the job cannot reach {admin.get_hub().address} (listen_host), or the "
+            f"python_exe), the job cannot reach {self._hub.address} (listen_host), or the "
             f"backend has no capacity (a pending pod, a full queue).\n"
             f"  job logs:\n{_tail(logs)}",
             status=status,
@@ -161,9 +162,14 @@ class JobPopen:
     # -- the multiprocessing Popen interface ------------------------------------------
     def _record_exit(self, code: int | None) -> None:
         if code is not None and self.returncode is None:
+            reported = self._launch.reported_exit
+            if reported is not None and code >= 0:
+                # The worker said how it ended: exact even where a backend can only
+                # tell "128 + N" (containers) or nothing precise (a cluster API).
+                code = reported
             self.returncode = code
             self._rt.plugins.job_exited(self.job, code)
-            admin.get_hub().forget(self._launch)
+            self._hub.forget(self._launch)
 
     def poll(self, flag: int = os.WNOHANG) -> int | None:
         if self.returncode is None:

@@ -46,6 +46,16 @@ def main() -> int:
         )
         return 2
 
+    master_python = os.environ.get("FIBER_MASTER_PYTHON")
+    here = "{}.{}".format(*sys.version_info[:2])
+    if master_python and master_python != here:
+        sys.stderr.write(
+            f"fibercore worker: this job runs Python {here} ({sys.executable}) but the master runs "
+            f"Python {master_python}; functions pickled by value do not cross minor versions. Use "
+            f"a Python {master_python} image or interpreter (image / python_exe).\n"
+        )
+        return EXIT_BOOTSTRAP_FAILED
+
     from fibercore import admin
     from fibercore.errors import TransportClosed, TransportTimeout
     from fibercore.runtime import get_runtime

@@ -69,6 +69,21 @@ def test_worker_dying_before_connecting_reports_logs(tmp_path, fresh_runtime):
     assert "exited with code 3" in msg and "no python in this image" in msg
 
 
+def test_worker_on_another_python_version_says_so(tmp_path, fresh_runtime):
+    """A job whose Python minor version differs from the master's stops at once with the
+    fix (an image of the master's version) instead of failing later on a pickle."""
+    fake = tmp_path / "python"
+    fake.write_text(f"#!/bin/sh\nFIBER_MASTER_PYTHON=2.7 exec {sys.executable} \"$@\"\n")
+    fake.chmod(0o755)
+    mp.init(python_exe=str(fake))
+    with pytest.raises(JobStartError) as info:
+        mp.Process(target=print).start()
+    msg = str(info.value)
+    here = "{}.{}".format(*sys.version_info[:2])
+    assert f"this job runs Python {here}" in msg and "the master runs Python 2.7" in msg
+    assert "exited with code 76" in msg
+
+
 MASTER = textwrap.dedent("""
     import sys, time
     sys.path.insert(0, {root!r})

@@ -9,8 +9,20 @@ Run the suite against your backend by subclassing it in your package's tests::
         config = {"slurm_partition": "debug"}  # extra fibercore.init() values
 
 Every in-repo backend (local, docker, k8s, aws) runs exactly this class.
+
+The job targets live in :mod:`fibercore.testing.targets`, which does not import
+pytest, so worker images need no test dependencies; the suite itself is imported
+on first use.
 """
 
-from fibercore.testing.conformance import BackendConformance
+from typing import Any
 
 __all__ = ["BackendConformance"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "BackendConformance":
+        from fibercore.testing.conformance import BackendConformance
+
+        return BackendConformance
+    raise AttributeError(f"module 'fibercore.testing' has no attribute {name!r}")

@@ -10,7 +10,6 @@ that every backend (including container ones) can import them in the worker.
 from __future__ import annotations
 
 import os
-import sys
 import time
 from typing import Any, ClassVar
 
@@ -18,95 +17,23 @@ import pytest
 
 import fibercore as fc
 from fibercore.errors import JobStartError, ProcessError
+from fibercore.testing.targets import (
+    consume,
+    echo_pipe,
+    exit_with,
+    fill_shared,
+    print_marker,
+    produce,
+    raise_error,
+    report_environment,
+    ring_init,
+    ring_report,
+    sleep_for,
+    slow_triple,
+    spawn_grandchild,
+    triple,
+)
 from fibercore.types import JobStatus
-
-# -- job targets (importable by workers) -------------------------------------------------------
-
-
-def exit_with(code: int) -> None:
-    sys.exit(code)
-
-
-def raise_error(message: str) -> None:
-    raise RuntimeError(message)
-
-
-def sleep_for(seconds: float) -> None:
-    time.sleep(seconds)
-
-
-def print_marker(marker: str) -> None:
-    print(marker, flush=True)
-    print(marker + "-stderr", file=sys.stderr, flush=True)
-
-
-def report_environment(q: Any) -> None:
-    rt = fc.get_runtime()
-    q.put({
-        "backend": rt.backend,
-        "session": rt.session,
-        "name": fc.current_process().name,
-        "parent": fc.parent_process().name if fc.parent_process() else None,
-        "secret_in_env": "FIBER_SECRET" in os.environ,
-        "start_timeout": rt.config.get("start_timeout"),
-    })
-
-
-def produce(q: Any, start: int, count: int) -> None:
-    for i in range(start, start + count):
-        q.put(i)
-
-
-def consume(q: Any, out: Any, count: int) -> None:
-    out.put(sorted(q.get(timeout=60) for _ in range(count)))
-
-
-def echo_pipe(conn: Any) -> None:
-    while True:
-        try:
-            item = conn.recv()
-        except EOFError:
-            return
-        if item is None:
-            conn.close()
-            return
-        conn.send(item)
-
-
-def spawn_grandchild(q: Any) -> None:
-    p = fc.Process(target=report_environment, args=(q,))
-    p.start()
-    p.join(60)
-    q.put(p.exitcode)
-
-
-def fill_shared(d: Any, q: Any) -> None:
-    d[fc.current_process().name] = os.getpid()
-    q.put("filled")
-
-
-def ring_report(rank: int, size: int) -> None:
-    from fibercore import ring
-
-    me = ring.current()
-    _ring_out.put((rank, size, me.master_addr if me else None))
-
-
-_ring_out: Any = None
-
-
-def ring_init(out: Any) -> None:
-    global _ring_out
-    _ring_out = out
-
-
-def triple(x: int) -> int:
-    return 3 * x
-
-
-def slow_triple(x: int) -> int:
-    time.sleep(0.01)
-    return 3 * x
 
 
 class BackendConformance:
@@ -121,8 +48,15 @@ class BackendConformance:
     terminate_exitcode: ClassVar[int | None] = None
     timeout: ClassVar[float] = 60.0
 
+    @pytest.fixture
+    def backend_config(self) -> dict[str, Any]:
+        """The config every test runs with; override it as a fixture when it needs one
+        (an image built once per session, a cluster's address)."""
+        return dict(self.config)
+
     @pytest.fixture(autouse=True)
-    def _fiber_backend(self) -> Any:
+    def _fiber_backend(self, backend_config: dict[str, Any]) -> Any:
+        self.config = backend_config  # type: ignore[misc]
         fc.init(backend=self.backend, **self.config)
         yield
         for p in fc.active_children():

@@ -1,0 +1,305 @@
+"""The docker backend's moving parts: one Docker client, one event stream, one
+attached output stream per container.
+
+- **Exit codes** come from Docker's event stream (one connection for all of this
+  master's containers, filtered by a label unique to this engine), so status and
+  wait never poll the API per container; the stream is opened before the first
+  container starts and re-synchronised with a listing if it ever breaks.
+- **Output** is read from the container's attach stream, opened *before* the
+  container starts (as ``docker run`` does), so even a job that fails at once has
+  its output kept (last 64 KiB) and, like the local backend, echoed to the master's
+  stdout and stderr. Containers can therefore be removed by Docker itself as soon as
+  they exit (``auto_remove``): nothing is left behind, even by a master that died.
+- **The session secret** is a file (0444 in a 0700 directory of the master) mounted
+  read-only into each container; ``docker inspect`` shows only its path.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import sys
+import tempfile
+import threading
+import time
+from typing import Any
+
+from fiber_docker.options import CreateRequest, exit_code
+
+TAIL = 64 * 1024
+ENGINE_LABEL = "fiber-docker-engine"
+LOST_EXIT = 255  # a container that vanished without Docker reporting its exit
+
+
+class DockerUnavailable(RuntimeError):
+    """The Docker daemon cannot be reached."""
+
+
+class DockerImageNotFound(RuntimeError):
+    """The configured image is not on the Docker host."""
+
+
+def explain_unreachable(exc: BaseException) -> DockerUnavailable:
+    where = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+    return DockerUnavailable(
+        f"cannot reach the Docker daemon at {where}: {exc}. Start it (`sudo systemctl start "
+        "docker`, or `sudo dockerd &`), make sure this user may use it (the docker group), or "
+        "point DOCKER_HOST (config docker_host) at the right daemon."
+    )
+
+
+class ContainerJob:
+    """What the engine knows about one container it started."""
+
+    def __init__(self, cid: str, name: str) -> None:
+        self.cid = cid
+        self.name = name
+        self.started = False
+        self.status: int | None = None  # Docker's exit status once the container died
+        self.lost = False
+        self.oom = False
+        self.exited = threading.Event()
+        self.tail = bytearray()
+        self.output_done = threading.Event()
+
+    @property
+    def exitcode(self) -> int | None:
+        if self.status is None:
+            return None
+        return exit_code(self.status)
+
+    def keep(self, chunk: bytes) -> None:
+        self.tail += chunk
+        if len(self.tail) > TAIL:
+            del self.tail[: len(self.tail) - TAIL]
+
+
+class Engine:
+    """One per process: the Docker client and the streams that watch its containers."""
+
+    def __init__(self, docker_host: str | None = None) -> None:
+        import docker
+
+        self._docker = docker
+        try:
+            kwargs: dict[str, Any] = {"max_pool_size": 64}
+            if docker_host:
+                self.client = docker.DockerClient(base_url=docker_host, **kwargs)
+            else:
+                self.client = docker.from_env(**kwargs)
+            self.client.ping()
+        except Exception as exc:
+            raise explain_unreachable(exc) from exc
+        self.api = self.client.api
+        self.engine_id = secrets.token_hex(8)
+        self.jobs: dict[str, ContainerJob] = {}
+        self._lock = threading.Lock()
+        self._secret_dir: str | None = None
+        self._secret_files: dict[str, str] = {}
+        self._closing = False
+        self._since = int(time.time()) - 1
+        self._events = self._subscribe()
+        threading.Thread(target=self._watch, name="fiber-docker-events", daemon=True).start()
+
+    # -- the event stream -------------------------------------------------------------
+    def _subscribe(self) -> Any:
+        """Open the event stream (Docker has subscribed us once this returns)."""
+        return self.api.events(
+            since=self._since,
+            filters={"type": "container", "label": f"{ENGINE_LABEL}={self.engine_id}",
+                     "event": ["die", "oom", "destroy"]},
+            decode=True,
+        )
+
+    def _watch(self) -> None:
+        while not self._closing:
+            try:
+                for event in self._events:
+                    self._on_event(event)
+            except Exception:
+                pass
+            if self._closing:
+                return
+            time.sleep(0.2)
+            try:  # resubscribe, replaying what we missed, then catch up with a listing
+                self._events = self._subscribe()
+                self._resync()
+            except Exception:
+                time.sleep(1.0)
+
+    def _on_event(self, event: dict[str, Any]) -> None:
+        self._since = max(self._since, int(event.get("time", 0)) - 1)
+        job = self.jobs.get(event.get("id", ""))
+        if job is None:
+            return
+        action = event.get("Action") or event.get("status")
+        if action == "oom":
+            job.oom = True
+        elif action == "die":
+            code = (event.get("Actor") or {}).get("Attributes", {}).get("exitCode")
+            self._finish(job, int(code) if code is not None else LOST_EXIT)
+        elif action == "destroy" and job.status is None:
+            job.lost = True
+            self._finish(job, LOST_EXIT)
+
+    def _resync(self) -> None:
+        """After a broken event stream: ask Docker about every container still running."""
+        for job in list(self.jobs.values()):
+            if job.exited.is_set() or not job.started:
+                continue
+            try:
+                state = self.api.inspect_container(job.cid)["State"]
+            except self._docker.errors.NotFound:
+                job.lost = True
+                self._finish(job, LOST_EXIT)
+                continue
+            if state.get("Status") in ("exited", "dead"):
+                self._finish(job, int(state.get("ExitCode", LOST_EXIT)))
+
+    def _finish(self, job: ContainerJob, status: int) -> None:
+        if job.exited.is_set():
+            return
+        if job.oom:
+            job.keep(b"\n[fiber-docker] the container was killed by the kernel's OOM killer "
+                     b"(memory limit reached; raise memory= / mem_per_job)\n")
+        job.status = status
+        job.exited.set()
+
+    # -- output -----------------------------------------------------------------------
+    def _pump(self, job: ContainerJob, stream: Any, echo: bool) -> None:
+        out = sys.__stdout__.fileno() if sys.__stdout__ else 1
+        err = sys.__stderr__.fileno() if sys.__stderr__ else 2
+        try:
+            for frame in stream:
+                pairs = ((frame[0], out), (frame[1], err)) if isinstance(frame, tuple) else ((frame, out),)
+                for chunk, fd in pairs:
+                    if not chunk:
+                        continue
+                    job.keep(chunk)
+                    if echo:
+                        try:
+                            os.write(fd, chunk)
+                        except OSError:
+                            pass
+        except Exception:
+            pass
+        finally:
+            job.output_done.set()
+
+    # -- jobs -------------------------------------------------------------------------
+    def secret_source(self, session: str, secret_hex: str) -> str:
+        """A host file holding the session secret, to mount into containers."""
+        inherited = os.environ.get("FIBERCORE_DOCKER_SECRET_SOURCE")
+        if inherited and os.environ.get("FIBER_SESSION") == session:
+            return inherited  # a job starting jobs: the master's file, by its host path
+        with self._lock:
+            path = self._secret_files.get(session)
+            if path is None:
+                if self._secret_dir is None:
+                    self._secret_dir = tempfile.mkdtemp(prefix="fiber-docker-")
+                    os.chmod(self._secret_dir, 0o700)
+                path = os.path.join(self._secret_dir, f"secret-{session}")
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o444)
+                with os.fdopen(fd, "w") as fh:
+                    fh.write(secret_hex)
+                self._secret_files[session] = path
+            return path
+
+    def create(self, request: CreateRequest, echo: bool) -> ContainerJob:
+        """Create, attach to and start one container; return once it runs."""
+        docker = self._docker
+        labels = {**request.labels, ENGINE_LABEL: self.engine_id}
+        host_config = self.api.create_host_config(**request.host_config)
+        try:
+            created = self.api.create_container(
+                request.image, command=request.command, name=request.name,
+                environment=request.environment, labels=labels, working_dir=request.working_dir,
+                user=request.user, host_config=host_config, detach=True,
+            )
+        except docker.errors.ImageNotFound:
+            raise DockerImageNotFound(
+                f"the image {request.image!r} does not exist on this Docker host (fiber-docker never "
+                f"pulls). Build it: `python -m fiber_docker.image --tag {request.image}` (add "
+                "`-r requirements.txt` for your code's dependencies), or `docker pull` it, or set "
+                "image=... (FIBER_IMAGE) to an image you have (`docker images`)."
+            ) from None
+        except docker.errors.APIError as exc:
+            raise RuntimeError(f"Docker refused to create {request.name}: {exc.explanation or exc}") from None
+        except Exception as exc:
+            raise explain_unreachable(exc) from exc
+        job = ContainerJob(created["Id"], request.name)
+        with self._lock:
+            self.jobs[job.cid] = job
+        try:
+            stream = self.api.attach(job.cid, stdout=True, stderr=True, stream=True, logs=True, demux=True)
+            threading.Thread(target=self._pump, args=(job, stream, echo),
+                             name=f"fiber-docker-out-{job.name}", daemon=True).start()
+            self.api.start(job.cid)
+        except docker.errors.APIError as exc:
+            self._remove_quietly(job.cid)
+            self._finish(job, LOST_EXIT)
+            raise RuntimeError(
+                f"Docker could not start {request.name} ({request.image}): {exc.explanation or exc}"
+            ) from None
+        job.started = True
+        return job
+
+    def pid_of(self, job: ContainerJob) -> int | None:
+        """The host pid of the container's init process (unique on this host)."""
+        try:
+            return int(self.api.inspect_container(job.cid)["State"]["Pid"]) or None
+        except Exception:
+            return None
+
+    def wait(self, job: ContainerJob, timeout: float | None) -> int | None:
+        if not job.exited.wait(timeout):
+            return None
+        job.output_done.wait(2.0)  # the last lines, for the logs of a failed job
+        return job.exitcode
+
+    def kill(self, job: ContainerJob, force: bool) -> None:
+        """SIGTERM (through the container's init) or SIGKILL; gone or stopped is fine."""
+        if job.exited.is_set():
+            return
+        try:
+            self.api.kill(job.cid, signal="SIGKILL" if force else "SIGTERM")
+        except self._docker.errors.NotFound:
+            pass
+        except self._docker.errors.APIError as exc:
+            if exc.status_code != 409:  # 409: not running (already stopped)
+                raise
+
+    def _remove_quietly(self, cid: str) -> None:
+        try:
+            self.api.remove_container(cid, force=True)
+        except Exception:
+            pass
+
+    def cleanup(self, session: str | None) -> int:
+        """Remove every container of ``session`` (any fiber session when None)."""
+        label = f"fiber-session={session}" if session else "fiber-session"
+        count = 0
+        for info in self.api.containers(all=True, filters={"label": label}):
+            self._remove_quietly(info["Id"])
+            count += 1
+        return count
+
+    def close(self) -> None:
+        """At exit: kill what still runs (the core has joined or stopped its jobs by now)."""
+        self._closing = True
+        for job in list(self.jobs.values()):
+            if job.started and not job.exited.is_set():
+                try:
+                    self.kill(job, True)
+                except Exception:
+                    pass
+        if self._secret_dir is not None:
+            for path in self._secret_files.values():
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
+            try:
+                os.rmdir(self._secret_dir)
+            except OSError:
+                pass

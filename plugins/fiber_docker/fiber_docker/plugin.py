@@ -1,0 +1,194 @@
+"""Docker backend: every Fiber process is a container on the local Docker engine.
+
+Selected with ``FIBER_BACKEND=docker``. Jobs run ``python -m fibercore.worker`` with
+the image's own Python, reach the master over host networking (Linux default) or a
+bridge (the master then listens on the network's gateway), and get ``cpu``,
+``memory`` and ``gpu`` from the JobSpec as Docker limits. See the README for the
+configuration keys and what works where. The docker SDK is imported on first use.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import secrets
+import socket
+import threading
+from typing import Any
+
+import pluggy
+
+hookimpl = pluggy.HookimplMarker("fiber")
+
+NAME = "docker"
+DEFAULT_IMAGE = "fibercore-worker:latest"
+
+_engine: Any = None
+_engine_lock = threading.Lock()
+
+
+def engine() -> Any:
+    """This process's Engine (created, and Docker reached, on first use)."""
+    global _engine
+    if _engine is None:
+        with _engine_lock:
+            if _engine is None:
+                from fiber_docker.engine import Engine
+
+                _engine = Engine(_config().get("docker_host") or None)
+    return _engine
+
+
+@atexit.register  # registered at import, so it runs after fibercore joined its jobs
+def _at_exit() -> None:
+    if _engine is not None:
+        _engine.close()
+
+
+def _config() -> Any:
+    from fibercore.runtime import get_runtime
+
+    return get_runtime().config
+
+
+def _container(job: Any) -> Any:
+    if getattr(job, "backend", None) != NAME:
+        return None
+    return job.data
+
+
+def _docker_socket() -> str | None:
+    """The daemon's unix socket path, to mount into jobs so that they can start jobs."""
+    host = _config().get("docker_host") or os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+    if host.startswith("unix://"):
+        return host[len("unix://"):]
+    return None
+
+
+@hookimpl
+def fiber_config_options() -> list[Any]:
+    from fibercore.types import Option
+
+    def opt(name: str, typ: Any, default: Any, text: str) -> Any:
+        return Option(name, typ, default, text, plugin="fiber-docker")
+
+    return [
+        opt("docker_network", str, None,
+            "Network of the job containers: host (default on Linux: jobs reach the master on "
+            "127.0.0.1), bridge (the master listens on the bridge's gateway), or a network name."),
+        opt("docker_remove", bool, True, "Let Docker remove each container when it exits (its output is kept by the master)."),
+        opt("docker_echo_output", bool, True, "Echo the containers' output to the master's stdout/stderr."),
+        opt("docker_volumes", str, None, "Extra bind mounts: HOST:CONTAINER[:ro|rw],..."),
+        opt("docker_mount_cwd", bool, True,
+            "Mount the master's working directory at the same path and start jobs there "
+            "(so modules next to your script import in the jobs)."),
+        opt("docker_workdir", str, None, "Working directory inside the containers (default: the master's, when mounted)."),
+        opt("docker_labels", str, None, "Extra container labels: KEY=VALUE,..."),
+        opt("docker_user", str, None, "User (uid[:gid]) the containers run as (default: the image's)."),
+        opt("docker_init", bool, True, "Run an init process in each container (forwards SIGTERM, reaps zombies)."),
+        opt("docker_nested", bool, True,
+            "Mount the Docker socket into jobs so that they can start jobs (nested Process, Pool "
+            "in a Process). It gives jobs control of the Docker host: turn off for untrusted code."),
+        opt("docker_shm_size", str, None, "Size of /dev/shm in the containers, e.g. 2g (Docker's default is 64m)."),
+        opt("docker_host", str, None, "Docker daemon to use (default: DOCKER_HOST or the local socket)."),
+    ]
+
+
+@hookimpl
+def fiber_config_defaults() -> dict[str, Any]:
+    """A Pool gets one container per CPU and starts eight at a time (Docker creates
+    containers in parallel; starting all at once only queues them in dockerd)."""
+    return {
+        "pool_processes": os.cpu_count() or 1,
+        "pool_start_concurrency": 8,
+        "default_image": DEFAULT_IMAGE,
+    }
+
+
+@hookimpl
+def fiber_listen_host() -> str:
+    from fiber_docker.options import default_network
+
+    network = _config().get("docker_network") or default_network()
+    if network == "host":
+        return "127.0.0.1"
+    if os.environ.get("FIBERCORE_DOCKER_CONTAINER"):
+        # A job starting jobs on a bridge: siblings reach it at its own address there.
+        return socket.gethostbyname(socket.gethostname())
+    info = engine().api.inspect_network(network)
+    for pool in (info.get("IPAM") or {}).get("Config") or []:
+        if pool.get("Gateway"):
+            return str(pool["Gateway"]).split("/")[0]
+    raise RuntimeError(
+        f"docker network {network!r} has no gateway address for the master to listen on; "
+        "set listen_host (the address containers reach this machine at) and bind_host"
+    )
+
+
+@hookimpl
+def fiber_create_job(spec: Any) -> Any:
+    from fiber_docker.options import build_request, container_name
+    from fibercore.runtime import get_runtime
+    from fibercore.types import Job
+
+    rt = get_runtime()
+    cfg = rt.config
+    eng = engine()
+    secret_hex = spec.secret_env.get("FIBER_SECRET")
+    secret_source = eng.secret_source(rt.session, secret_hex) if secret_hex and len(spec.secret_env) == 1 else None
+    request = build_request(
+        spec, cfg,
+        name=container_name(rt.session, spec.name, secrets.token_hex(3)),
+        labels={"fiber-backend": NAME},
+        secret_source=secret_source,
+        docker_socket=_docker_socket(),
+    )
+    job = eng.create(request, echo=bool(cfg.get("docker_echo_output", True)))
+    spec.command = request.command  # what runs (the image's python), for error messages
+    return Job(jid=job.cid[:12], backend=NAME, data=job, host=None, pid=eng.pid_of(job), spec=spec)
+
+
+@hookimpl
+def fiber_job_status(job: Any) -> Any:
+    from fibercore.types import JobStatus
+
+    c = _container(job)
+    if c is None:
+        return None
+    if c.exited.is_set():
+        return JobStatus.UNKNOWN if c.lost else JobStatus.EXITED
+    return JobStatus.RUNNING if c.started else JobStatus.PENDING
+
+
+@hookimpl
+def fiber_wait_job(job: Any, timeout: float | None) -> int | None:
+    c = _container(job)
+    if c is None:
+        return None
+    return engine().wait(c, timeout)
+
+
+@hookimpl
+def fiber_terminate_job(job: Any, force: bool) -> bool | None:
+    c = _container(job)
+    if c is None:
+        return None
+    engine().kill(c, force)
+    return True
+
+
+@hookimpl
+def fiber_job_logs(job: Any) -> str | None:
+    c = _container(job)
+    if c is None:
+        return None
+    text = bytes(c.tail).decode("utf-8", "replace")
+    if not text and not c.exited.is_set():
+        return f"(container {c.name} has printed nothing yet)"
+    return text
+
+
+@hookimpl
+def fiber_cleanup_jobs(session: str | None) -> int:
+    """Remove the containers of ``session`` (every fiber session when None)."""
+    return engine().cleanup(session)

@@ -1,0 +1,58 @@
+"""Functions the docker tests run in containers (importable there: the checkout is
+mounted at the same path, and the master's sys.path travels with each job)."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+
+def square(x: int) -> int:
+    time.sleep(0.02)
+    return x * x
+
+
+def container_facts(q: Any) -> None:
+    """What a job sees of its container: limits, mounts, identity."""
+
+    def read(path: str) -> str | None:
+        try:
+            with open(path) as fh:
+                return fh.read().strip()
+        except OSError:
+            return None
+
+    q.put({
+        "cwd": os.getcwd(),
+        "cfs_quota": read("/sys/fs/cgroup/cpu/cpu.cfs_quota_us") or read("/sys/fs/cgroup/cpu.max"),
+        "mem_limit": read("/sys/fs/cgroup/memory/memory.limit_in_bytes") or read("/sys/fs/cgroup/memory.max"),
+        "secret_file": os.environ.get("FIBER_SECRET_FILE"),
+        "in_container": os.path.exists("/.dockerenv"),
+        "hostname": os.uname().nodename,
+    })
+    time.sleep(float(os.environ.get("HOLD", "0") or 0))
+
+
+def read_and_write(path: str, q: Any) -> None:
+    with open(path) as fh:
+        content = fh.read()
+    try:
+        with open(path, "a") as fh:
+            fh.write("x")
+        wrote = True
+    except OSError:
+        wrote = False
+    q.put((content, wrote))
+
+
+def hold(seconds: float) -> None:
+    time.sleep(seconds)
+
+
+def eat_memory(mib: int) -> None:
+    blocks = []
+    for _ in range(mib):
+        blocks.append(bytearray(1024 * 1024))
+        blocks[-1][::4096] = b"x" * len(blocks[-1][::4096])
+    time.sleep(1)
