@@ -105,6 +105,11 @@ ENV_SWITCHES = frozenset(
 )
 
 
+#: Keys that describe where *this* process listens: a job runs elsewhere (a container,
+#: a pod, another host) and asks its backend for its own address instead.
+PER_PROCESS_KEYS = frozenset({"listen_host", "bind_host"})
+
+
 class Config(Mapping[str, Any]):
     """The effective configuration: read-only, typed, with the origin of each value."""
 
@@ -137,10 +142,11 @@ class Config(Mapping[str, Any]):
         return dict(self._options)
 
     def to_env(self) -> dict[str, str]:
-        """FIBER_<KEY> variables that reproduce every non-default value in a job."""
+        """FIBER_<KEY> variables that reproduce every non-default value in a job
+        (except this process's own network identity, see ``PER_PROCESS_KEYS``)."""
         env = {}
         for key, value in self._values.items():
-            if value is None or self.origin(key) == "default":
+            if value is None or self.origin(key) == "default" or key in PER_PROCESS_KEYS:
                 continue
             if isinstance(value, bool):
                 text = "true" if value else "false"

@@ -90,6 +90,12 @@ def test_to_env_round_trips_non_defaults():
     assert again.debug is True and again.start_timeout == 7.5
 
 
+def test_jobs_do_not_inherit_where_the_master_listens():
+    """A job runs elsewhere (a container, a pod) and must ask its backend for its own address."""
+    c = build(init={"listen_host": "10.1.2.3", "bind_host": "0.0.0.0", "debug": True})
+    assert c.to_env() == {"FIBER_DEBUG": "true"}
+
+
 def test_plugin_options_are_typed(fresh_runtime):
     c = fibercore.init(local_echo_output="false")
     assert c.local_echo_output is False

@@ -280,3 +280,18 @@ def test_bridge_network_master_listens_on_the_gateway(docker_backend: Any, docke
     assert p.exitcode == 0
     info_host = facts["hostname"]
     assert info_host != os.uname().nodename  # its own network namespace, not the host's
+
+
+def test_output_is_echoed_to_the_master(docker_backend: Any, capfd: Any) -> None:
+    """Like the local backend (and multiprocessing), a job's prints show up in the master."""
+    from fibercore.testing.targets import print_marker
+
+    docker_backend(docker_echo_output=True)
+    marker = f"echo-marker-{os.getpid()}-{time.time_ns()}"
+    p = fc.Process(target=print_marker, args=(marker,))
+    p.start()
+    p.join(60)
+    assert p.exitcode == 0
+    time.sleep(0.2)
+    out, err = capfd.readouterr()
+    assert f"{marker}\n" in out and f"{marker}-stderr" in err
