@@ -25,6 +25,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _tasks  # noqa: E402
+import bench_pool  # noqa: E402
 
 import fibercore  # noqa: E402
 
@@ -57,15 +58,6 @@ def start(n: int) -> tuple[float, float]:
     return first, ready
 
 
-def overhead(d: float) -> float:
-    with fibercore.Pool(5) as pool:
-        pool.map(_tasks.sleep_for, [0.3] * 5, 1)  # every worker up and warm
-        n = int(round(5 / d))
-        t0 = time.perf_counter()
-        pool.map(_tasks.sleep_for, [d] * n)
-        return time.perf_counter() - t0
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("sections", nargs="*", default=["start", "overhead"])
@@ -96,7 +88,8 @@ def main() -> None:
     if "overhead" in args.sections:
         print("framework overhead (5 workers, 5/d tasks of d; ideal 1 s):")
         for d in (0.01, 0.001):
-            record(f"overhead d={d * 1000:g} ms", "s", median("docker", overhead, d), median("local", overhead, d))
+            record(f"overhead d={d * 1000:g} ms", "s", median("docker", bench_pool.overhead, fibercore, d),
+                   median("local", bench_pool.overhead, fibercore, d))
     if ROWS:
         print("\n| measurement | docker | local | ratio |\n|---|---|---|---|")
         for name, unit, docker, local in ROWS:
