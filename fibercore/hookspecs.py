@@ -12,7 +12,8 @@ Hooks, in lifecycle order:
 
     discovery ─ fiber_detect_backend, fiber_config_options
     jobs      ─ fiber_listen_host, fiber_create_job, fiber_job_status,
-                fiber_wait_job, fiber_terminate_job, fiber_job_logs, fiber_cleanup_jobs
+                fiber_wait_job, fiber_terminate_job, fiber_job_logs, fiber_cleanup_jobs,
+                fiber_job_secret
     transport ─ fiber_transport
     serialize ─ fiber_serializer
     observers ─ fiber_job_started, fiber_job_exited, fiber_worker_start
@@ -171,6 +172,21 @@ def fiber_cleanup_jobs(session: str | None) -> int | None:
     Called by ``fiber cleanup``. Uses the session label every job carries.
 
     :return: how many jobs were stopped or removed.
+    """
+
+
+@hookspec(firstresult=True)
+def fiber_job_secret(session: str, config: Any) -> str | None:
+    """Return the session secret (hex) in a job whose backend delivered it by its own means.
+
+    Called in a job at start-up, after plugins are loaded and the config is built, only
+    when neither ``FIBER_SECRET`` nor ``FIBER_SECRET_FILE`` is set: a backend that put
+    the secret in a secret store (AWS SSM, a vault) fetches it here. First non-None wins.
+    Must not log the secret.
+
+    :param session: the job's session id (``FIBER_SESSION``).
+    :param config: the job's effective :class:`fibercore.config.Config`.
+    :raises Exception: with a message that says what to fix (missing permission...).
     """
 
 

@@ -261,6 +261,9 @@ class Plugins:
                 merged.update(answer)
         return merged
 
+    def job_secret(self, session: str, config: Any) -> str | None:
+        return self.pm.hook.fiber_job_secret(session=session, config=config)
+
     def create_job(self, spec: JobSpec) -> Job:
         job = self.pm.hook.fiber_create_job(spec=spec)
         if job is None:

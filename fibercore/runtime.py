@@ -87,7 +87,7 @@ def _setup_logging(cfg: _config.Config) -> None:
         logger.addHandler(handler)
 
 
-def _session_from_env() -> tuple[str, bytes] | None:
+def _session_from_env(plugins: Plugins, cfg: _config.Config) -> tuple[str, bytes] | None:
     session = os.environ.get("FIBER_SESSION")
     if not session:
         return None
@@ -96,10 +96,13 @@ def _session_from_env() -> tuple[str, bytes] | None:
     if secret_hex is None and secret_file:
         with open(secret_file) as fh:
             secret_hex = fh.read().strip()
+    if secret_hex is None:
+        secret_hex = plugins.job_secret(session, cfg)  # a backend's own store (fiber_job_secret)
     if not secret_hex:
         raise ConfigError(
-            "FIBER_SESSION is set but neither FIBER_SECRET nor FIBER_SECRET_FILE is: this "
-            "worker cannot authenticate. The backend must deliver the session secret."
+            "FIBER_SESSION is set but neither FIBER_SECRET nor FIBER_SECRET_FILE is, and no "
+            "plugin's fiber_job_secret returned it: this worker cannot authenticate. The "
+            "backend must deliver the session secret."
         )
     return session, bytes.fromhex(secret_hex)
 
@@ -123,7 +126,7 @@ def build(init_values: dict[str, Any] | None = None) -> Runtime:
     cfg = _config.build_config(options, file_values, file_name, env_values, init_values,
                                backend_defaults=plugins.config_defaults())
     _setup_logging(cfg)
-    found = _session_from_env()
+    found = _session_from_env(plugins, cfg)
     if found is not None:
         session, secret = found
         is_worker = bool(os.environ.get("FIBER_MASTER_ADDR"))

@@ -63,6 +63,7 @@ def test_selected_with_fiber_backend(venv, tmp_path):
     assert "('ran', 'echo')" in out.stdout
     assert "exitcode 0 backend echo" in out.stdout
     assert "echo-worker-start backend=echo" in out.stdout  # fiber_worker_start ran, logs work
+    assert "echo-job-secret session=" in out.stdout  # the secret came through fiber_job_secret
 
 
 def test_selected_by_fiber_detect_backend(venv, tmp_path):

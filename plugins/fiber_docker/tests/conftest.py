@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import time
 import uuid
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fiber_docker.testing import docker_problem, in_ci, test_image
 
 HERE = Path(__file__).resolve().parent
 CHECKOUT = HERE.parents[2]
@@ -29,40 +29,11 @@ RUN_ID = uuid.uuid4().hex[:12]
 RUN_LABEL = f"fiber-test-run={RUN_ID}"
 
 
-def _in_ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
-
-
-def _docker_problem() -> str | None:
-    try:
-        import docker
-    except ImportError:
-        return "the docker SDK is not installed (pip install -e plugins/fiber_docker)"
-    try:
-        docker.from_env().ping()
-    except Exception as exc:
-        return f"no Docker daemon answers ({exc}); scripts/test starts one when run as root on Debian"
-    return None
-
-
-def _build_image() -> str:
-    from fiber_docker.image import build_image
-
-    base = os.environ.get("FIBER_DOCKER_TEST_BASE")
-    if not base:
-        done = subprocess.run([str(HERE / "image" / "base.sh")], capture_output=True, text=True)
-        if done.returncode != 0:
-            raise RuntimeError(f"building the test base image failed:\n{done.stderr[-3000:]}")
-        base = done.stdout.strip().splitlines()[-1]
-    return build_image(base=base, source=CHECKOUT, content_tag="fibercore-test/worker",
-                       log=lambda text: None)
-
-
 @pytest.fixture(scope="session")
 def docker_client() -> Any:
-    problem = _docker_problem()
+    problem = docker_problem()
     if problem is not None:
-        if _in_ci():
+        if in_ci():
             pytest.fail(f"CI=true but the docker tests cannot run: {problem}", pytrace=False)
         pytest.skip(problem)
     import docker
@@ -72,7 +43,7 @@ def docker_client() -> Any:
 
 @pytest.fixture(scope="session")
 def docker_image(docker_client: Any) -> Iterator[str]:
-    image = os.environ.get("FIBER_DOCKER_TEST_IMAGE") or _build_image()
+    image = test_image(CHECKOUT)
     yield image
     leftovers = _wait_for_no_containers(docker_client, {"label": RUN_LABEL}, 20.0)
     for c in leftovers:
