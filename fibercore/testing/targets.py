@@ -96,3 +96,8 @@ def triple(x: int) -> int:
 def slow_triple(x: int) -> int:
     time.sleep(0.01)
     return 3 * x
+
+
+def triple_after(x: int, delay: float) -> int:
+    time.sleep(delay)
+    return 3 * x

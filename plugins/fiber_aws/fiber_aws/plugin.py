@@ -1,0 +1,397 @@
+"""AWS Batch backend: every Fiber process is a Batch job (``FIBER_BACKEND=aws``).
+
+Create = SubmitJob (overrides for command, environment, vCPU/memory/GPU), status and
+wait from batched DescribeJobs (:mod:`fiber_aws.tracker`), terminate = TerminateJob,
+logs from CloudWatch Logs, the session secret in SSM Parameter Store. Any
+AWS-compatible endpoint works through ``aws_endpoint_url`` (the tests use moto's
+server). boto3 is imported on first use. See the README for IAM, networking and the
+differences between moto and AWS.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import socket
+import threading
+from typing import Any
+
+import pluggy
+
+hookimpl = pluggy.HookimplMarker("fiber")
+
+NAME = "aws"
+TERMINAL_STATES = ("SUCCEEDED", "FAILED")
+ACTIVE_STATES = ("SUBMITTED", "PENDING", "RUNNABLE", "STARTING", "RUNNING")
+_LOG_TAIL = 64 * 1024
+
+
+def _config() -> Any:
+    from fibercore.runtime import get_runtime
+
+    return get_runtime().config
+
+
+class Backend:
+    """This process's AWS state: clients, the job tracker, definitions, the secret."""
+
+    def __init__(self, cfg: Any) -> None:
+        from fiber_aws.clients import Clients
+        from fiber_aws.tracker import Tracker
+
+        self.cfg = cfg
+        self.clients = Clients(cfg)
+        self.definitions: dict[str, str] = {}
+        self.owned_secrets: dict[str, str] = {}  # session -> parameter this process created
+        self.lock = threading.Lock()
+        self.tracker = Tracker(self._describe, float(cfg.get("aws_poll_interval") or 1.0), self._find_exit)
+
+    # -- calls ------------------------------------------------------------------------
+    def _describe(self, ids: list[str]) -> list[dict[str, Any]]:
+        return list(self.clients("batch").describe_jobs(jobs=ids)["jobs"])
+
+    def _find_exit(self, job: Any) -> int | None:
+        """A FAILED job's exit code when DescribeJobs lacks it (moto): its ListJobs summary."""
+        queue = self.cfg.get("aws_job_queue")
+        if not queue:
+            return None
+        listed = self.clients("batch").list_jobs(jobQueue=queue, filters=[{"name": "JOB_NAME", "values": [job.name]}])
+        for summary in listed.get("jobSummaryList", []):
+            if summary.get("jobId") == job.job_id:
+                code = (summary.get("container") or {}).get("exitCode")
+                return None if code is None else int(code)
+        return None
+
+    def definition(self, image: str) -> str:
+        """The configured job definition, or fibercore's for ``image`` (registered once)."""
+        from fiber_aws.clients import reraise
+        from fiber_aws.requests import job_definition
+
+        configured = self.cfg.get("aws_job_definition")
+        if configured:
+            return str(configured)
+        body = job_definition(image, self.cfg)
+        name = body["jobDefinitionName"]
+        with self.lock:
+            if name in self.definitions:
+                return self.definitions[name]
+            batch = self.clients("batch")
+            try:
+                found = batch.describe_job_definitions(jobDefinitionName=name, status="ACTIVE")["jobDefinitions"]
+                if found:
+                    arn = max(found, key=lambda d: d["revision"])["jobDefinitionArn"]
+                else:
+                    arn = batch.register_job_definition(**body)["jobDefinitionArn"]
+            except Exception as exc:
+                reraise(exc, f"registering the job definition {name} for image {image}")
+            self.definitions[name] = arn
+            return arn
+
+    def secret_parameter(self, session: str, secret_hex: str) -> str | None:
+        """The SSM parameter holding the secret (stored on first use), or None to use the environment."""
+        from fiber_aws import secret
+        from fiber_aws.requests import SECRET_PARAM_ENV
+
+        if (self.cfg.get("aws_secret_store") or "ssm") != "ssm":
+            return None
+        inherited = os.environ.get(SECRET_PARAM_ENV)
+        if inherited and os.environ.get("FIBER_SESSION") == session:
+            return inherited  # a job starting jobs: the master's parameter
+        with self.lock:
+            name = self.owned_secrets.get(session)
+            if name is None:
+                name = secret.parameter_name(self.cfg.get("aws_ssm_prefix") or "/fibercore", session)
+                secret.store(self.clients("ssm"), name, secret_hex, session, self.cfg.get("aws_kms_key"))
+                self.owned_secrets[session] = name
+            return name
+
+    def submit(self, spec: Any, session: str) -> Any:
+        from fiber_aws.clients import call_with_backoff
+        from fiber_aws.requests import submit_request
+        from fiber_aws.tracker import BatchJob
+
+        image = spec.image or self.cfg.get("default_image")
+        if not image and not self.cfg.get("aws_job_definition"):
+            raise ValueError(
+                "no image for the Batch jobs: set image=... (FIBER_IMAGE) to an image your compute "
+                "environment can pull (e.g. from ECR; `python -m fiber_docker.image` builds one), or "
+                "aws_job_definition to a registered definition"
+            )
+        secret_hex = spec.secret_env.get("FIBER_SECRET", "")
+        request = submit_request(spec, self.cfg, session=session, definition=self.definition(str(image)),
+                                 secret_param=self.secret_parameter(session, secret_hex) if secret_hex else None)
+        batch = self.clients("batch")
+        answer = call_with_backoff(lambda: batch.submit_job(**request), int(self.cfg.get("aws_submit_retries") or 5),
+                                   f"submitting Batch job {request['jobName']} to queue {request['jobQueue']}")
+        job = BatchJob(answer["jobId"], request["jobName"])
+        spec.command = request["containerOverrides"]["command"]  # what runs, for error messages
+        self.tracker.add(job)
+        self.tracker.poke()
+        return job
+
+    def terminate(self, job: Any, force: bool) -> None:
+        from fiber_aws.clients import error_code, reraise
+
+        if job.done.is_set():
+            return
+        if job.terminated is None or force:
+            job.terminated = force
+        reason = "fibercore: " + ("kill()" if force else "terminate()")
+        try:
+            self.clients("batch").terminate_job(jobId=job.job_id, reason=reason)
+        except Exception as exc:
+            if error_code(exc) != "ClientException":  # unknown or finished job: nothing to stop
+                reraise(exc, f"terminating Batch job {job.job_id}")
+        self.tracker.poke()
+
+    def logs(self, job: Any) -> str:
+        from fiber_aws.clients import error_code
+
+        if job.log_stream is None:
+            try:  # one describe for this job, on demand (e.g. to explain a failed start)
+                described = self._describe([job.job_id])
+                if described:
+                    job.update(described[0])
+            except Exception:
+                pass
+        group = self.cfg.get("aws_log_group") or "/aws/batch/job"
+        if job.log_stream is None:
+            return (f"(no logs yet for Batch job {job.name} [{job.job_id}], status {job.status}: Batch writes a "
+                    f"job's output to CloudWatch Logs group {group} once its container runs)")
+        logs = self.clients("logs")
+        lines: list[str] = []
+        size = 0
+        kwargs: dict[str, Any] = {"logGroupName": group, "logStreamName": job.log_stream, "startFromHead": True}
+        try:
+            while True:
+                page = logs.get_log_events(**kwargs)
+                for event in page.get("events", []):
+                    lines.append(event.get("message", ""))
+                    size += len(lines[-1]) + 1
+                token = page.get("nextForwardToken")
+                if not page.get("events") or token == kwargs.get("nextToken") or size > 4 * _LOG_TAIL:
+                    break
+                kwargs["nextToken"] = token
+        except Exception as exc:
+            if error_code(exc) == "ResourceNotFoundException":
+                return f"(no logs yet in {group}/{job.log_stream} for Batch job {job.name}, status {job.status})"
+            return f"(could not read the logs of Batch job {job.name} from {group}/{job.log_stream}: {exc})"
+        text = "\n".join(lines)
+        return text[-_LOG_TAIL:]
+
+    def cleanup(self, session: str | None) -> int:
+        """Terminate the active jobs of ``session`` (every fiber session when None), delete its secrets."""
+        from fiber_aws import secret
+
+        queue = self.cfg.get("aws_job_queue")
+        count = 0
+        if queue:
+            batch = self.clients("batch")
+            pattern = f"fiber-{session}-*" if session else "fiber-*"
+            kwargs: dict[str, Any] = {"jobQueue": queue, "filters": [{"name": "JOB_NAME", "values": [pattern]}]}
+            while True:
+                page = batch.list_jobs(**kwargs)
+                for summary in page.get("jobSummaryList", []):
+                    if summary.get("status") in ACTIVE_STATES:
+                        batch.terminate_job(jobId=summary["jobId"], reason="fiber cleanup")
+                        count += 1
+                if not page.get("nextToken"):
+                    break
+                kwargs["nextToken"] = page["nextToken"]
+        if (self.cfg.get("aws_secret_store") or "ssm") == "ssm":
+            secret.delete_session(self.clients("ssm"), self.cfg.get("aws_ssm_prefix") or "/fibercore", session)
+        return count
+
+    def close(self) -> None:
+        """At exit: stop what still runs, delete the secrets this process stored."""
+        from fiber_aws import secret
+
+        for job in self.tracker.active():
+            try:
+                self.terminate(job, True)
+            except Exception:
+                pass
+        for name in list(self.owned_secrets.values()):
+            secret.delete(self.clients("ssm"), name)
+        self.owned_secrets.clear()
+
+
+_backend: Backend | None = None
+_backend_lock = threading.Lock()
+
+
+def backend() -> Backend:
+    """This process's Backend, following the current config (``init()`` may change it)."""
+    global _backend
+    cfg = _config()
+    with _backend_lock:
+        if _backend is None:
+            _backend = Backend(cfg)
+        elif _backend.cfg is not cfg:
+            from fiber_aws.clients import Clients
+
+            _backend.cfg, _backend.clients = cfg, Clients(cfg)
+            _backend.definitions.clear()
+    return _backend
+
+
+@atexit.register  # registered at import, so it runs after fibercore joined its jobs
+def _at_exit() -> None:
+    if _backend is not None:
+        _backend.close()
+
+
+def _batch_job(job: Any) -> Any:
+    if getattr(job, "backend", None) != NAME:
+        return None
+    return job.data
+
+
+# -- hooks ---------------------------------------------------------------------------------
+
+
+@hookimpl
+def fiber_config_options() -> list[Any]:
+    from fibercore.types import Option
+
+    def opt(name: str, typ: Any, default: Any, text: str, choices: tuple[Any, ...] | None = None) -> Any:
+        return Option(name, typ, default, text, choices=choices, plugin="fiber-aws")
+
+    return [
+        opt("aws_region", str, None, "AWS region (default: AWS_REGION / the profile's)."),
+        opt("aws_profile", str, None, "Named profile from ~/.aws/config (default: the environment's credentials)."),
+        opt("aws_endpoint_url", str, None, "Endpoint of an AWS-compatible service (moto, LocalStack) for Batch, Logs and SSM."),
+        opt("aws_job_queue", str, None, "Batch job queue (name or ARN) the jobs are submitted to. Required."),
+        opt("aws_job_definition", str, None,
+            "Registered job definition to use (name, name:revision or ARN); default: fibercore registers "
+            "fiber-<hash> from image, cpu/mem/gpu_per_job and the roles, once."),
+        opt("aws_job_role_arn", str, None, "IAM role the jobs run with (reads the SSM secret, calls AWS)."),
+        opt("aws_execution_role_arn", str, None, "Execution role (required on Fargate: pulls the image, writes logs)."),
+        opt("aws_platform", str, "EC2", "EC2 or FARGATE compute environments.", ("EC2", "FARGATE")),
+        opt("aws_public_ip", bool, False, "Fargate: give jobs a public IP (needed without a NAT gateway to pull images)."),
+        opt("aws_tags", str, None, "Extra tags on every job: KEY=VALUE,... (jobs always carry fiber-session and fiber-process)."),
+        opt("aws_environment", str, None,
+            "Extra environment for the jobs: KEY=VALUE,... (visible in DescribeJobs: no credentials here)."),
+        opt("aws_secret_store", str, "ssm",
+            "How jobs get the session secret: ssm (a SecureString parameter; the job reads it) or "
+            "environment (plain, visible in DescribeJobs).", ("ssm", "environment")),
+        opt("aws_ssm_prefix", str, "/fibercore", "SSM path under which session secrets are stored."),
+        opt("aws_kms_key", str, None, "KMS key for the SSM SecureString (default: the account's aws/ssm key)."),
+        opt("aws_log_group", str, "/aws/batch/job", "CloudWatch Logs group of the jobs' output."),
+        opt("aws_poll_interval", float, 1.0, "Seconds between DescribeJobs polls (100 jobs per call)."),
+        opt("aws_retry_mode", str, "adaptive", "botocore retry mode.", ("standard", "adaptive", "legacy")),
+        opt("aws_max_attempts", int, 10, "Attempts per AWS call (botocore retries)."),
+        opt("aws_submit_retries", int, 5, "Extra SubmitJob tries after throttling, with backoff up to 8 s."),
+        opt("aws_job_listen_host", str, None,
+            "Address a Batch job advertises for the processes it starts (default: its task's IP)."),
+    ]
+
+
+@hookimpl
+def fiber_config_defaults() -> dict[str, Any]:
+    """Submitting is one API call: a Pool submits all its jobs at once. Batch jobs can
+    wait in RUNNABLE for capacity, so starting waits up to 10 minutes."""
+    return {"pool_start_concurrency": 0, "start_timeout": 600.0}
+
+
+@hookimpl
+def fiber_detect_backend() -> str | None:
+    return None  # a Batch job is told FIBER_BACKEND=aws by its master
+
+
+def _task_ip() -> str | None:
+    """Inside ECS/Batch: this task's IPv4 address from the container metadata endpoint."""
+    uri = os.environ.get("ECS_CONTAINER_METADATA_URI_V4") or os.environ.get("ECS_CONTAINER_METADATA_URI")
+    if not uri:
+        return None
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(uri, timeout=2) as resp:
+            meta = json.load(resp)
+        return str(meta["Networks"][0]["IPv4Addresses"][0])
+    except Exception:
+        return None
+
+
+@hookimpl
+def fiber_listen_host() -> str:
+    cfg = _config()
+    if os.environ.get("AWS_BATCH_JOB_ID"):  # a Batch job starting jobs of its own
+        return cfg.get("aws_job_listen_host") or _task_ip() or socket.gethostbyname(socket.gethostname())
+    # The master outside Batch: the address of the interface that routes outward (no
+    # packet is sent). Jobs in a VPC must be able to reach it: see the README.
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.connect(("192.0.2.1", 9))  # TEST-NET-1: only selects a route
+        return str(probe.getsockname()[0])
+    except OSError:
+        return "127.0.0.1"
+    finally:
+        probe.close()
+
+
+@hookimpl
+def fiber_create_job(spec: Any) -> Any:
+    from fibercore.runtime import get_runtime
+    from fibercore.types import Job
+
+    rt = get_runtime()
+    job = backend().submit(spec, rt.session)
+    return Job(jid=job.job_id, backend=NAME, data=job, host=None, pid=None, spec=spec)
+
+
+@hookimpl
+def fiber_job_status(job: Any) -> Any:
+    from fibercore.types import JobStatus
+
+    b = _batch_job(job)
+    if b is None:
+        return None
+    if b.done.is_set():
+        return JobStatus.UNKNOWN if b.missing else JobStatus.EXITED
+    return JobStatus.RUNNING if b.status == "RUNNING" else JobStatus.PENDING
+
+
+@hookimpl
+def fiber_wait_job(job: Any, timeout: float | None) -> int | None:
+    b = _batch_job(job)
+    if b is None:
+        return None
+    return backend().tracker.wait(b, timeout)
+
+
+@hookimpl
+def fiber_terminate_job(job: Any, force: bool) -> bool | None:
+    b = _batch_job(job)
+    if b is None:
+        return None
+    backend().terminate(b, force)
+    return True
+
+
+@hookimpl
+def fiber_job_logs(job: Any) -> str | None:
+    b = _batch_job(job)
+    if b is None:
+        return None
+    return backend().logs(b)
+
+
+@hookimpl
+def fiber_cleanup_jobs(session: str | None) -> int:
+    return backend().cleanup(session)
+
+
+@hookimpl
+def fiber_job_secret(session: str, config: Any) -> str | None:
+    """In a Batch job: read the session secret from the SSM parameter the master named."""
+    from fiber_aws import secret
+    from fiber_aws.clients import Clients
+    from fiber_aws.requests import SECRET_PARAM_ENV
+
+    name = os.environ.get(SECRET_PARAM_ENV)
+    if not name:
+        return None
+    return secret.fetch(Clients(config)("ssm"), name)
