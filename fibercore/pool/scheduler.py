@@ -623,9 +623,9 @@ class Scheduler:
             if code is not None:
                 w.exitcode = code
                 if w.state == STARTING:
-                    self._start_failed(w, f"its job exited with {_describe_exit(code)} before it joined the pool")
+                    self._start_failed(w, f"its job ended ({_describe_exit(code)}) before it joined the pool")
                 else:
-                    self._worker_gone(w, f"its job exited with {_describe_exit(code)}")
+                    self._worker_gone(w, f"its job ended ({_describe_exit(code)})")
             elif w.state == STARTING and now > w.deadline:
                 self._start_failed(w, f"it did not join the pool within {self.start_timeout:.0f} s (start_timeout)")
 

@@ -201,6 +201,9 @@ class Backend:
                 kwargs["nextToken"] = page["nextToken"]
         if (self.cfg.get("aws_secret_store") or "ssm") == "ssm":
             secret.delete_session(self.clients("ssm"), self.cfg.get("aws_ssm_prefix") or "/fibercore", session)
+            with self.lock:  # stored again if this process submits more jobs
+                for owned in [s for s in self.owned_secrets if session is None or s == session]:
+                    del self.owned_secrets[owned]
         return count
 
     def close(self) -> None:

@@ -19,20 +19,12 @@ import subprocess
 import sys
 import time
 import urllib.request
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-
-HERE = Path(__file__).resolve().parent
-CHECKOUT = HERE.parents[2]
-RUN_ID = uuid.uuid4().hex[:12]
-REGION = "us-east-1"
-QUEUE = "fiber-test-queue"
-CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
-ACTIVE = ("SUBMITTED", "PENDING", "RUNNABLE", "STARTING", "RUNNING")
+from aws_helpers import ACTIVE, CHECKOUT, CREDENTIALS, QUEUE, REGION, RUN_ID, client
 
 
 def _skip_or_fail(problem: str) -> None:
@@ -99,15 +91,6 @@ def moto_url(tmp_path_factory: Any) -> Iterator[str]:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait(10)
-
-
-def client(moto_url: str, service: str) -> Any:
-    import boto3
-
-    return boto3.client(service, endpoint_url=moto_url, region_name=REGION, **{
-        "aws_access_key_id": CREDENTIALS["AWS_ACCESS_KEY_ID"],
-        "aws_secret_access_key": CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
-    })
 
 
 @pytest.fixture(scope="session")

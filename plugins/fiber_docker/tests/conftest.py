@@ -12,21 +12,13 @@
 
 from __future__ import annotations
 
-import os
-import sys
 import time
-import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
+from docker_helpers import CHECKOUT, RUN_LABEL
 from fiber_docker.testing import docker_problem, in_ci, test_image
-
-HERE = Path(__file__).resolve().parent
-CHECKOUT = HERE.parents[2]
-RUN_ID = uuid.uuid4().hex[:12]
-RUN_LABEL = f"fiber-test-run={RUN_ID}"
 
 
 @pytest.fixture(scope="session")
@@ -81,11 +73,3 @@ def no_containers_left(docker_client: Any) -> Any:
         assert not left, f"containers of session {session} still exist: {_names(left)}"
 
     return check
-
-
-def docker_cli() -> list[str]:
-    """The docker command line client (the issue's `docker kill`), else the SDK's path."""
-    for path in ("/usr/bin/docker", "/usr/local/bin/docker"):
-        if os.access(path, os.X_OK):
-            return [path]
-    return [sys.executable, "-c", "import sys, docker; docker.from_env().api.kill(sys.argv[2])"]

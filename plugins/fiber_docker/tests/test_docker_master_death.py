@@ -26,7 +26,7 @@ MASTER = textwrap.dedent("""
 
 def test_killed_master_leaves_no_containers(docker_image: str, docker_client: Any, no_containers_left: Any,
                                             tmp_path: Any) -> None:
-    from conftest import HERE, RUN_LABEL
+    from docker_helpers import HERE, RUN_LABEL
 
     script = tmp_path / "master.py"
     script.write_text(MASTER)

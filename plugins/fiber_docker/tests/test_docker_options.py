@@ -9,7 +9,7 @@ from typing import Any
 
 import docker_tasks
 import pytest
-from conftest import RUN_LABEL
+from docker_helpers import RUN_LABEL
 from fiber_docker.options import (
     SECRET_TARGET,
     DockerOptionError,

@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 import docker_tasks
-from conftest import docker_cli
+from docker_helpers import docker_cli
 
 import fibercore as fc
 
