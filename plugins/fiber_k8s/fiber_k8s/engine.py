@@ -1,0 +1,320 @@
+"""The Kubernetes backend's moving parts: the API client, one pod watch, the secret.
+
+- **Status and exit codes** come from one watch on this master's pods (selected by a
+  label unique to this engine), started from a listing's resourceVersion before the
+  first pod is created and re-listed when the server expires it (410): no GET per pod.
+- **Finished pods**: their logs are read once (kept for error messages), then the pod
+  is deleted (``k8s_delete_finished``), so nothing accumulates in the namespace.
+- **Pods that can never start** (an image that cannot be pulled, a bad config) end as
+  failed at once with the reason in their logs, instead of waiting for start_timeout.
+- **The session secret** is a Kubernetes Secret ``fiber-<session>`` (labelled, owned by
+  the master's pod when there is one) referenced by every pod's env; deleted at exit.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+log = logging.getLogger("fiber_k8s")
+
+ENGINE_LABEL = "fibercore/engine"
+SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+TAIL_LINES = 2000
+#: Waiting reasons after which a pod will not start by itself.
+HOPELESS = frozenset({"ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull", "InvalidImageName",
+                      "CreateContainerConfigError", "CreateContainerError", "RunContainerError"})
+
+
+class KubernetesUnavailable(RuntimeError):
+    """The cluster's API cannot be reached or used as configured."""
+
+
+def in_cluster() -> bool:
+    return bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and os.path.exists(os.path.join(SA_DIR, "token"))
+
+
+class PodJob:
+    """What the engine knows about one pod it created."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.phase = "Pending"
+        self.exit_status: int | None = None
+        self.reason: str | None = None
+        self.note: str = ""  # why it is pending, or why it failed without running
+        self.deleted = False
+        self.terminated_by: bool | None = None  # None: not by us; False: terminate(); True: kill()
+        self.exitcode: int | None = None
+        self.logs: str | None = None
+        self.done = threading.Event()
+
+
+def _exitcode(job: PodJob) -> int:
+    if job.exit_status is not None:
+        code = job.exit_status
+        return -(code - 128) if 128 < code < 128 + 65 else code
+    if job.terminated_by is not None:
+        return -9 if job.terminated_by else -15
+    if job.deleted:
+        return -9  # deleted from outside before its container reported: it was killed
+    return 0 if job.phase == "Succeeded" else 1
+
+
+class Engine:
+    def __init__(self, cfg: Any) -> None:
+        try:
+            from kubernetes import client, config
+        except ImportError as exc:  # pragma: no cover - fiber-k8s depends on it
+            raise KubernetesUnavailable("the kubernetes client is not installed: pip install fiber-k8s") from exc
+        self.cfg = cfg
+        kubeconfig = cfg.get("k8s_kubeconfig") or None
+        context = cfg.get("k8s_context") or None
+        namespace = cfg.get("k8s_namespace") or None
+        try:
+            if kubeconfig or context or not in_cluster():
+                api_client = config.new_client_from_config(config_file=kubeconfig, context=context)
+                if namespace is None:
+                    _, active = config.list_kube_config_contexts(config_file=kubeconfig)
+                    if context:
+                        active = next(c for c in config.list_kube_config_contexts(config_file=kubeconfig)[0]
+                                      if c["name"] == context)
+                    namespace = (active.get("context") or {}).get("namespace")
+            else:
+                config.load_incluster_config()
+                api_client = client.ApiClient()
+                if namespace is None:
+                    with open(os.path.join(SA_DIR, "namespace")) as fh:
+                        namespace = fh.read().strip()
+        except Exception as exc:
+            raise KubernetesUnavailable(
+                f"cannot load the Kubernetes configuration ({type(exc).__name__}: {exc}); set k8s_kubeconfig / "
+                "k8s_context (or KUBECONFIG), or run in a pod with a service account"
+            ) from exc
+        self.client = client
+        self.core = client.CoreV1Api(api_client)
+        self.namespace = namespace or "default"
+        self.engine_id = secrets.token_hex(6)
+        self.selector = f"{ENGINE_LABEL}={self.engine_id}"
+        self.pods: dict[str, PodJob] = {}
+        self.owned_secrets: set[str] = set()
+        self.known_secrets: set[str] = set()
+        self._lock = threading.Lock()
+        self._closing = False
+        self._after = ThreadPoolExecutor(max_workers=4, thread_name_prefix="fiber-k8s-finish")
+        try:
+            listed = self.core.list_namespaced_pod(self.namespace, label_selector=self.selector)
+        except Exception as exc:
+            raise self.explain(exc, f"listing pods in namespace {self.namespace}") from exc
+        self._rv = listed.metadata.resource_version
+        threading.Thread(target=self._watch, name="fiber-k8s-watch", daemon=True).start()
+
+    def explain(self, exc: BaseException, doing: str) -> BaseException:
+        status = getattr(exc, "status", None)
+        if status in (401, 403):
+            return KubernetesUnavailable(
+                f"{doing}: the API refused ({status} {getattr(exc, 'reason', '')}); the service account or user "
+                f"needs the Role in fiber-k8s's rbac.yaml (pods, pods/log, secrets) in namespace {self.namespace}"
+            )
+        if status == 404 and "namespace" in str(getattr(exc, "body", "")):
+            return KubernetesUnavailable(f"{doing}: namespace {self.namespace} does not exist; set k8s_namespace")
+        if status is None and not isinstance(exc, KubernetesUnavailable):
+            return KubernetesUnavailable(f"{doing}: cannot reach the Kubernetes API ({type(exc).__name__}: {exc})")
+        return exc
+
+    # -- the watch --------------------------------------------------------------------
+    def _watch(self) -> None:
+        from kubernetes import watch
+
+        while not self._closing:
+            try:
+                stream = watch.Watch().stream(
+                    self.core.list_namespaced_pod, self.namespace, label_selector=self.selector,
+                    resource_version=self._rv, timeout_seconds=120, allow_watch_bookmarks=True,
+                )
+                for event in stream:
+                    pod = event["object"]
+                    if getattr(pod, "metadata", None) is not None and pod.metadata.resource_version:
+                        self._rv = pod.metadata.resource_version
+                    if event["type"] in ("ADDED", "MODIFIED", "DELETED"):
+                        self._on_pod(pod, deleted=event["type"] == "DELETED")
+            except Exception as exc:
+                if getattr(exc, "status", None) == 410:  # expired: list again, then watch from there
+                    self._relist()
+                else:
+                    time.sleep(0.5)
+
+    def _relist(self) -> None:
+        try:
+            listed = self.core.list_namespaced_pod(self.namespace, label_selector=self.selector)
+        except Exception:
+            time.sleep(1.0)
+            return
+        self._rv = listed.metadata.resource_version
+        present = set()
+        for pod in listed.items:
+            present.add(pod.metadata.name)
+            self._on_pod(pod, deleted=False)
+        for job in list(self.pods.values()):
+            if job.name not in present and not job.done.is_set():
+                job.deleted = True
+                self._finish(job)
+
+    def _on_pod(self, pod: Any, deleted: bool) -> None:
+        job = self.pods.get(pod.metadata.name)
+        if job is None or job.done.is_set():
+            return
+        status = pod.status
+        job.phase = (status.phase if status else None) or job.phase
+        for cs in (status.container_statuses or []) if status else []:
+            if cs.state and cs.state.terminated:
+                job.exit_status = cs.state.terminated.exit_code
+                job.reason = cs.state.terminated.reason
+            elif cs.state and cs.state.waiting and cs.state.waiting.reason in HOPELESS:
+                job.note = (f"[fiber-k8s] pod {job.name} cannot start: {cs.state.waiting.reason}: "
+                            f"{cs.state.waiting.message or ''}")
+                job.exit_status = job.exit_status if job.exit_status is not None else 1
+                self._finish(job)
+                return
+        for cond in (status.conditions or []) if status else []:
+            if cond.type == "PodScheduled" and cond.status == "False":
+                job.note = f"[fiber-k8s] pod {job.name} is not scheduled: {cond.reason}: {cond.message or ''}"
+        if deleted:
+            job.deleted = True
+            self._finish(job)
+        elif job.phase in ("Succeeded", "Failed"):
+            self._finish(job)
+
+    def _finish(self, job: PodJob) -> None:
+        with self._lock:
+            if job.done.is_set() or getattr(job, "_finishing", False):
+                return
+            job._finishing = True  # type: ignore[attr-defined]
+        try:
+            self._after.submit(self._settle, job)
+        except RuntimeError:  # shutting down
+            self._settle(job, keep=True)
+
+    def _settle(self, job: PodJob, keep: bool = False) -> None:
+        """Keep the pod's output, delete the pod, then report its end."""
+        if not job.deleted:
+            job.logs = self.read_logs(job)
+            if self.cfg.get("k8s_delete_finished", True) and not keep:
+                self._delete(job.name, 0)
+        if job.reason == "OOMKilled":
+            job.note += "\n[fiber-k8s] the container was OOMKilled: it used more than its memory limit"
+        job.exitcode = _exitcode(job)
+        job.done.set()
+
+    # -- calls ------------------------------------------------------------------------
+    def ensure_secret(self, session: str, secret_hex: str, labels: dict[str, str], owner: Any) -> str:
+        from fiber_k8s.manifest import secret_manifest, secret_name
+
+        name = secret_name(session)
+        with self._lock:
+            if name in self.known_secrets:
+                return name
+            body = secret_manifest(name, self.namespace, secret_hex, labels, owner)
+            try:
+                self.core.create_namespaced_secret(self.namespace, body)
+                self.owned_secrets.add(name)  # ours to delete at exit
+            except Exception as exc:
+                if getattr(exc, "status", None) != 409:  # 409: the session's master made it: not ours
+                    raise self.explain(exc, f"creating Secret {name}") from exc
+            self.known_secrets.add(name)
+            return name
+
+    def create(self, manifest: dict[str, Any]) -> PodJob:
+        name = manifest["metadata"]["name"]
+        manifest["metadata"]["labels"][ENGINE_LABEL] = self.engine_id
+        job = PodJob(name)
+        with self._lock:
+            self.pods[name] = job
+        try:
+            self.core.create_namespaced_pod(self.namespace, manifest)
+        except Exception as exc:
+            with self._lock:
+                self.pods.pop(name, None)
+            body = getattr(exc, "body", None)
+            if getattr(exc, "status", None) in (400, 422):
+                raise ValueError(f"the Kubernetes API rejected pod {name}: {body}") from None
+            raise self.explain(exc, f"creating pod {name}") from exc
+        return job
+
+    def _delete(self, name: str, grace: int) -> None:
+        try:
+            self.core.delete_namespaced_pod(name, self.namespace, grace_period_seconds=grace)
+        except Exception as exc:
+            if getattr(exc, "status", None) != 404:  # already gone
+                raise self.explain(exc, f"deleting pod {name}") from exc
+
+    def terminate(self, job: PodJob, force: bool) -> None:
+        if job.done.is_set():
+            return
+        if job.terminated_by is None or force:
+            job.terminated_by = force
+        self._delete(job.name, 0 if force else int(self.cfg.get("k8s_grace_period") or 0))
+
+    def read_logs(self, job: PodJob) -> str:
+        try:
+            text = self.core.read_namespaced_pod_log(job.name, self.namespace, container="worker",
+                                                     tail_lines=TAIL_LINES)
+        except Exception as exc:
+            status = getattr(exc, "status", None)
+            if status in (400, 404):
+                return ""
+            return f"(could not read the logs of pod {job.name}: {exc})"
+        return str(text or "")
+
+    def logs(self, job: PodJob) -> str:
+        text = job.logs if job.logs is not None else self.read_logs(job)
+        text = (text + ("\n" + job.note if job.note else "")).strip("\n")
+        if not text:
+            return f"(pod {job.name} has printed nothing yet; phase {job.phase})"
+        return text
+
+    def owner_reference(self, pod_name: str | None) -> dict[str, Any] | None:
+        """ownerReference to ``pod_name`` (the master's pod), so deleting it deletes the jobs."""
+        if not pod_name:
+            return None
+        try:
+            pod = self.core.read_namespaced_pod(pod_name, self.namespace)
+        except Exception as exc:
+            log.warning("fiber-k8s: no owner for the jobs: cannot read pod %s (%s)", pod_name, exc)
+            return None
+        return {"apiVersion": "v1", "kind": "Pod", "name": pod_name, "uid": pod.metadata.uid}
+
+    def cleanup(self, session: str | None) -> int:
+        selector = f"fiber-session={session}" if session else "fiber-session"
+        pods = self.core.list_namespaced_pod(self.namespace, label_selector=selector).items
+        for pod in pods:
+            self._delete(pod.metadata.name, 0)
+        for secret in self.core.list_namespaced_secret(self.namespace, label_selector=selector).items:
+            try:
+                self.core.delete_namespaced_secret(secret.metadata.name, self.namespace)
+            except Exception:
+                pass
+            self.owned_secrets.discard(secret.metadata.name)
+            self.known_secrets.discard(secret.metadata.name)
+        return len(pods)
+
+    def close(self) -> None:
+        """At exit: delete what still runs and the secrets this process created."""
+        self._closing = True
+        for job in list(self.pods.values()):
+            if not job.done.is_set():
+                try:
+                    self._delete(job.name, 0)
+                except Exception:
+                    pass
+        for name in list(self.owned_secrets):
+            try:
+                self.core.delete_namespaced_secret(name, self.namespace)
+            except Exception:
+                pass
+        self.owned_secrets.clear()
