@@ -36,7 +36,22 @@ def _die(message: str, code: int) -> None:
     os._exit(code)
 
 
+def _pid1_sigterm() -> None:
+    """As PID 1 of a container without an init, a signal with the default action is
+    ignored: make SIGTERM end the job as it would anywhere else (status 128+15, which
+    backends report as -15), so that graceful pod deletion and `docker stop` work."""
+    if os.getpid() != 1:
+        return
+    import signal
+
+    def on_term(signum: int, frame: object) -> None:
+        _die("terminated (SIGTERM)", 128 + signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, on_term)
+
+
 def main() -> int:
+    _pid1_sigterm()
     address = os.environ.get("FIBER_MASTER_ADDR")
     token = os.environ.pop("FIBER_TOKEN", None)
     if not address or not token:

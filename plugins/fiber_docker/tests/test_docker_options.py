@@ -295,3 +295,14 @@ def test_output_is_echoed_to_the_master(docker_backend: Any, capfd: Any) -> None
     time.sleep(0.2)
     out, err = capfd.readouterr()
     assert f"{marker}\n" in out and f"{marker}-stderr" in err
+
+
+def test_terminate_without_an_init_still_ends_the_job(docker_backend: Any) -> None:
+    """The worker is PID 1 then; it handles SIGTERM itself (PID 1 ignores default actions)."""
+    docker_backend(docker_init=False)
+    p = fc.Process(target=docker_tasks.hold, args=(60,))
+    p.start()
+    t0 = time.monotonic()
+    p.terminate()
+    p.join(30)
+    assert p.exitcode == -15 and time.monotonic() - t0 < 10

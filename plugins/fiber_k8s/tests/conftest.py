@@ -62,6 +62,7 @@ def core(kubeconfig: Path) -> Iterator[Any]:
 
     if fiber_k8s.plugin._engine is not None:
         fiber_k8s.plugin._engine.close()  # what the master does at exit: its Secret goes
+        fiber_k8s.plugin._engine = None
     selector = RUN_LABEL
     deadline = time.monotonic() + 30
     while True:

@@ -6,6 +6,9 @@
 #   tests/cluster/build.sh            # ~10-20 min the first time on 2 cores, then instant
 #   FIBER_K8S_CACHE=/somewhere ...    # cache root (default /var/cache/fibercore-k8s)
 #
+# Kubernetes 1.20 vendors github.com/modern-go/reflect2 1.0.1, which crashes the binaries
+# when built with Go >= 1.18 ("fatal error: fault" in aeshashbody, the API server dies
+# within seconds): the vendored copy is replaced by Debian's reflect2 1.0.2.
 # The kubelet gets three one-line changes (sed below) so that it runs on a VM that forbids
 # negative oom_score_adj and must not have its kernel tunables changed:
 #   1. container_manager_linux.go: KernelTunableModify -> KernelTunableWarn (no sysctl writes)
@@ -27,6 +30,8 @@ missing=""
 for pkg in golang-go:go etcd-server:etcd rsync:rsync jq:jq; do
   command -v "${pkg#*:}" >/dev/null || missing="$missing ${pkg%%:*}"
 done
+REFLECT2=/usr/share/gocode/src/github.com/modern-go/reflect2
+[ -f "$REFLECT2/go_above_118.go" ] || missing="$missing golang-github-modern-go-reflect2-dev"
 if [ -n "$missing" ]; then
   # policy-rc.d keeps Debian from starting etcd as a service: the tests start their own.
   printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d; chmod +x /usr/sbin/policy-rc.d
@@ -58,6 +63,11 @@ if [ ! -d "kubernetes-$VERSION" ]; then
   cd "$work"
 fi
 cd "kubernetes-$VERSION"
+if [ ! -f vendor/github.com/modern-go/reflect2/go_above_118.go ]; then
+  rm -rf vendor/github.com/modern-go/reflect2
+  mkdir -p vendor/github.com/modern-go/reflect2
+  cp "$REFLECT2"/*.go "$REFLECT2"/*.s vendor/github.com/modern-go/reflect2/
+fi
 echo "build.sh: building $WANT (about 10-20 minutes on 2 cores)" >&2
 GOPATH=$PWD/.go CGO_ENABLED=0 GOCACHE="$CACHE/gocache" HOME="$CACHE/home" \
   make WHAT="cmd/kube-apiserver cmd/kubelet cmd/kube-scheduler cmd/kube-controller-manager" >&2
