@@ -42,7 +42,7 @@ def test_pool_of_4_pods_survives_a_pod_deletion(k8s: Any, core: Any) -> None:
     k8s()
     session = fc.get_runtime().session
     with fc.Pool(4) as pool:
-        results = pool.starmap_async(triple_after, [(x, 0.04) for x in range(200)], chunksize=2)
+        results = pool.starmap_async(triple_after, [(x, 0.08) for x in range(200)], chunksize=2)
         deadline = time.monotonic() + 120
         while pool._core.ready_count() < 4:  # every worker's pod runs and took tasks
             assert time.monotonic() < deadline
@@ -50,7 +50,9 @@ def test_pool_of_4_pods_survives_a_pod_deletion(k8s: Any, core: Any) -> None:
         time.sleep(0.3)
         victim = pool.workers()[0]
         name = victim.job.jid
-        assert core.read_namespaced_pod(name, "default").status.phase == "Running"
+        while core.read_namespaced_pod(name, "default").status.phase != "Running":  # the kubelet reports late
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
         core.delete_namespaced_pod(name, "default", grace_period_seconds=0)
         assert not results.ready(), "the map finished before the deletion: make the tasks slower"
         assert results.get(240) == [3 * x for x in range(200)]

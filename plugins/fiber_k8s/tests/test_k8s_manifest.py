@@ -59,7 +59,7 @@ EVERY_OPTION = {
     "k8s_image_pull_policy": "Always",
     "k8s_pod_patch": json.dumps({
         "metadata": {"annotations": {"example.com/owner": "rl-team"}},
-        "spec": {"priorityClassName": "high", "containers": [
+        "spec": {"activeDeadlineSeconds": 86400, "containers": [
             {"name": "worker", "securityContext": {"runAsNonRoot": True, "runAsUser": 1000}}]},
     }),
 }
@@ -90,7 +90,7 @@ def test_every_option_is_mapped() -> None:
     assert pod["metadata"]["ownerReferences"] == [OWNER]
     # the escape hatch: merged into the worker container by name, the rest kept
     assert c["securityContext"] == {"runAsNonRoot": True, "runAsUser": 1000} and c["image"] == "me/rl:1"
-    assert spec["priorityClassName"] == "high"
+    assert spec["activeDeadlineSeconds"] == 86400
     assert pod["metadata"]["annotations"]["example.com/owner"] == "rl-team"
 
 
@@ -122,9 +122,11 @@ def test_rbac_yaml_passes_the_api_schema_and_is_minimal() -> None:
 
 def test_every_option_passes_the_servers_dry_run(core: Any) -> None:
     """The real API server (1.20) admits the manifests (validation, defaulting), without creating them."""
-    for pod in (_pod(_spec(cpu=0.5, memory=256, gpu=2), owner=None, **EVERY_OPTION), _pod()):
-        created = core.create_namespaced_pod("default", pod, dry_run="All")
-        assert created.spec.containers[0].resources.limits.get("nvidia.com/gpu", "2") == "2"
+    created = core.create_namespaced_pod("default", _pod(_spec(cpu=0.5, memory=256, gpu=2), **EVERY_OPTION),
+                                         dry_run="All")
+    assert created.spec.containers[0].resources.limits == {"cpu": "500m", "memory": "256Mi", "nvidia.com/gpu": "2"}
+    assert created.spec.containers[0].security_context.run_as_user == 1000  # the patch arrived
+    core.create_namespaced_pod("default", _pod(), dry_run="All")
     assert core.list_namespaced_pod("default", label_selector="fiber-process=Pool-1-Worker-2").items == []
     secret = secret_manifest("fiber-dry-run", "default", "ef" * 32, {"fiber-session": "0123456789ab"}, None)
     core.create_namespaced_secret("default", secret, dry_run="All")
