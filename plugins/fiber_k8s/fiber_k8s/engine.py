@@ -26,6 +26,7 @@ log = logging.getLogger("fiber_k8s")
 ENGINE_LABEL = "fibercore/engine"
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 TAIL_LINES = 2000
+API_LOST_AFTER = 60.0  # seconds without the API before running pods count as lost
 #: Waiting reasons after which a pod will not start by itself.
 HOPELESS = frozenset({"ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull", "InvalidImageName",
                       "CreateContainerConfigError", "CreateContainerError", "RunContainerError"})
@@ -131,6 +132,7 @@ class Engine:
     def _watch(self) -> None:
         from kubernetes import watch
 
+        failing_since: float | None = None
         while not self._closing:
             try:
                 stream = watch.Watch().stream(
@@ -138,6 +140,7 @@ class Engine:
                     resource_version=self._rv, timeout_seconds=120, allow_watch_bookmarks=True,
                 )
                 for event in stream:
+                    failing_since = None
                     pod = event["object"]
                     if getattr(pod, "metadata", None) is not None and pod.metadata.resource_version:
                         self._rv = pod.metadata.resource_version
@@ -146,8 +149,25 @@ class Engine:
             except Exception as exc:
                 if getattr(exc, "status", None) == 410:  # expired: list again, then watch from there
                     self._relist()
-                else:
-                    time.sleep(0.5)
+                    continue
+                now = time.monotonic()
+                failing_since = failing_since or now
+                if now - failing_since > API_LOST_AFTER:
+                    self._lose_all(exc)
+                time.sleep(0.5)
+
+    def _lose_all(self, exc: BaseException) -> None:
+        """The API has been unreachable for API_LOST_AFTER s: nothing will report these
+        pods' ends, so end them here (rather than let join() wait forever)."""
+        lost = [job for job in self.pods.values() if not job.done.is_set()]
+        if lost:
+            log.warning("fiber-k8s: the Kubernetes API is unreachable (%s) for %.0f s; treating %d pod(s) as lost",
+                        exc, API_LOST_AFTER, len(lost))
+        for job in lost:
+            job.deleted = True
+            job.note += f"\n[fiber-k8s] lost: the Kubernetes API was unreachable ({exc})"
+            job.exitcode = _exitcode(job)
+            job.done.set()
 
     def _relist(self) -> None:
         try:
