@@ -28,7 +28,7 @@ def cluster_problem() -> str | None:
                if not (binaries_dir() / b).exists()]
     if missing:
         return (f"no Kubernetes binaries in {binaries_dir()} ({', '.join(missing)} missing): run "
-                f"{CLUSTER / 'build.sh'} as root on Debian (~10-20 min; scripts/test does it)")
+                f"{CLUSTER / 'build.sh'} as root on Debian (~6 min; scripts/test does it)")
     if os.geteuid() != 0:
         return "the test cluster's kubelet needs root"
     for tool in ("etcd", "gcc", "openssl", "curl", "jq", "unshare"):

@@ -3,7 +3,7 @@
 # bookworm's source package `kubernetes` (1.20.2, with vendor/), with Debian's Go, and
 # cache them by version outside the checkout. Prints the directory of the binaries.
 #
-#   tests/cluster/build.sh            # ~10-20 min the first time on 2 cores, then instant
+#   tests/cluster/build.sh            # ~5-10 min the first time on 2 cores, then instant
 #   FIBER_K8S_CACHE=/somewhere ...    # cache root (default /var/cache/fibercore-k8s)
 #
 # Kubernetes 1.20 vendors github.com/modern-go/reflect2 1.0.1, which crashes the binaries
@@ -68,7 +68,7 @@ if [ ! -f vendor/github.com/modern-go/reflect2/go_above_118.go ]; then
   mkdir -p vendor/github.com/modern-go/reflect2
   cp "$REFLECT2"/*.go "$REFLECT2"/*.s vendor/github.com/modern-go/reflect2/
 fi
-echo "build.sh: building $WANT (about 10-20 minutes on 2 cores)" >&2
+echo "build.sh: building $WANT (about 5-10 minutes on 2 cores)" >&2
 GOPATH=$PWD/.go CGO_ENABLED=0 GOCACHE="$CACHE/gocache" HOME="$CACHE/home" \
   make WHAT="cmd/kube-apiserver cmd/kubelet cmd/kube-scheduler cmd/kube-controller-manager" >&2
 mkdir -p "$BIN"
