@@ -364,6 +364,7 @@ class _Acker:
     def __init__(self) -> None:
         self._cv = threading.Condition(threading.Lock())
         self._due: dict[Channel, float] = {}
+        self._retry: dict[Channel, float] = {}  # channels whose last try failed: next delay
         self._thread: threading.Thread | None = None
 
     def due(self, channel: Channel, delay: float = ACK_DELAY) -> None:
@@ -389,8 +390,12 @@ class _Acker:
                 for ch in ready:
                     del self._due[ch]
             for ch in ready:
-                if not ch.flush_credit():
-                    self.due(ch, 0.05)  # the peer is slow or gone: try again, gently
+                if ch.flush_credit():
+                    self._retry.pop(ch, None)
+                else:  # the peer is slow or gone: try again, less and less often (50 ms .. 2 s)
+                    delay = self._retry.get(ch, 0.05)
+                    self._retry[ch] = min(2.0, delay * 2)
+                    self.due(ch, delay)
 
 
 _acker = _Acker()
