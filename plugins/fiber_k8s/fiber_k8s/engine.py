@@ -43,8 +43,9 @@ def in_cluster() -> bool:
 class PodJob:
     """What the engine knows about one pod it created."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, engine: Any = None) -> None:
         self.name = name
+        self.engine = engine  # the Engine (cluster, namespace) that created it
         self.phase = "Pending"
         self.exit_status: int | None = None
         self.reason: str | None = None
@@ -252,7 +253,7 @@ class Engine:
     def create(self, manifest: dict[str, Any]) -> PodJob:
         name = manifest["metadata"]["name"]
         manifest["metadata"]["labels"][ENGINE_LABEL] = self.engine_id
-        job = PodJob(name)
+        job = PodJob(name, self)
         with self._lock:
             self.pods[name] = job
         try:

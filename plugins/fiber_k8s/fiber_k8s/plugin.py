@@ -26,6 +26,7 @@ NAME = "kubernetes"
 _engine: Any = None
 _engine_key: tuple[Any, ...] | None = None
 _engine_lock = threading.Lock()
+_retired: list[Any] = []  # engines of an earlier configuration (init() switched clusters)
 
 
 def _config() -> Any:
@@ -43,8 +44,8 @@ def engine() -> Any:
         if _engine is None or _engine_key != key:
             from fiber_k8s.engine import Engine
 
-            if _engine is not None:
-                _engine.close()
+            if _engine is not None:  # its pods keep their engine (PodJob.engine) until they end
+                _retired.append(_engine)
             _engine, _engine_key = Engine(cfg), key
         _engine.cfg = cfg
     return _engine
@@ -52,8 +53,9 @@ def engine() -> Any:
 
 @atexit.register  # registered at import, so it runs after fibercore joined its jobs
 def _at_exit() -> None:
-    if _engine is not None:
-        _engine.close()
+    for eng in [*_retired, _engine]:
+        if eng is not None:
+            eng.close()
 
 
 def _pod(job: Any) -> Any:
@@ -185,7 +187,7 @@ def fiber_terminate_job(job: Any, force: bool) -> bool | None:
     p = _pod(job)
     if p is None:
         return None
-    engine().terminate(p, force)
+    p.engine.terminate(p, force)
     return True
 
 
@@ -194,7 +196,7 @@ def fiber_job_logs(job: Any) -> str | None:
     p = _pod(job)
     if p is None:
         return None
-    return engine().logs(p)
+    return p.engine.logs(p)
 
 
 @hookimpl

@@ -60,9 +60,9 @@ def core(kubeconfig: Path) -> Iterator[Any]:
     yield api
     import fiber_k8s.plugin
 
-    if fiber_k8s.plugin._engine is not None:
-        fiber_k8s.plugin._engine.close()  # what the master does at exit: its Secret goes
-        fiber_k8s.plugin._engine = None
+    fiber_k8s.plugin._at_exit()  # what the master does at exit: its Secrets go
+    fiber_k8s.plugin._engine = None
+    fiber_k8s.plugin._retired.clear()
     selector = RUN_LABEL
     deadline = time.monotonic() + 30
     while True:
