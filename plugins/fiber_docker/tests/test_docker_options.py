@@ -235,7 +235,13 @@ def test_kept_containers_are_removed_by_cleanup(docker_backend: Any, docker_clie
             break
         time.sleep(0.05)
     assert [c["State"] for c in kept] == ["exited"]
-    assert fc.get_runtime().plugins.cleanup_jobs(session) == 1
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "fibercore.cli", "cleanup", "--backend", "docker",
+                           "--session", session], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert f"removed 1 job(s) of session {session} on backend docker" in done.stdout
     assert docker_client.api.containers(all=True, filters={"label": f"fiber-session={session}"}) == []
 
 
