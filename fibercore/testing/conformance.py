@@ -17,6 +17,7 @@ import pytest
 
 import fibercore as fc
 from fibercore.errors import JobStartError, ProcessError
+from fibercore.testing.plugin import stop_children
 from fibercore.testing.targets import (
     consume,
     echo_pipe,
@@ -59,9 +60,7 @@ class BackendConformance:
         self.config = backend_config  # type: ignore[misc]
         fc.init(backend=self.backend, **self.config)
         yield
-        for p in fc.active_children():
-            p.kill()
-            p.join(10)
+        stop_children()
         fc.init()
 
     # -- lifecycle ------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """pytest plugin (entry point ``pytest11``): fixtures for testing fibercore backends.
 
-``fiber_backend_init`` initialises fibercore for a backend and restores the previous
-configuration afterwards, so tests of several backends can share one session.
+``fiber_backend_init`` initialises fibercore for a backend; afterwards it stops the
+jobs a test left running and restores the default configuration, so tests of several
+backends can share one session.
 """
 
 from __future__ import annotations
@@ -12,6 +13,15 @@ from typing import Any
 import pytest
 
 
+def stop_children(timeout: float = 30.0) -> None:
+    """Kill and join the jobs this process still has (what a test left running)."""
+    import fibercore
+
+    for p in fibercore.active_children():
+        p.kill()
+        p.join(timeout)
+
+
 @pytest.fixture
 def fiber_backend_init() -> Iterator[Callable[..., Any]]:
     import fibercore
@@ -20,4 +30,5 @@ def fiber_backend_init() -> Iterator[Callable[..., Any]]:
         return fibercore.init(**kw)
 
     yield _init
+    stop_children()
     fibercore.init()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NoReturn
 
 #: Error codes worth another try after a pause (throttling, AWS-side hiccups).
 RETRYABLE = frozenset({
@@ -62,7 +62,7 @@ def explain(exc: BaseException, doing: str) -> BaseException:
     return exc
 
 
-def reraise(exc: BaseException, doing: str) -> None:
+def reraise(exc: BaseException, doing: str) -> NoReturn:
     """Raise the explained error (chained), or ``exc`` itself when there is nothing to add."""
     err = explain(exc, doing)
     if err is exc:

@@ -323,16 +323,10 @@ def fiber_listen_host() -> str:
     cfg = _config()
     if os.environ.get("AWS_BATCH_JOB_ID"):  # a Batch job starting jobs of its own
         return cfg.get("aws_job_listen_host") or _task_ip() or socket.gethostbyname(socket.gethostname())
-    # The master outside Batch: the address of the interface that routes outward (no
-    # packet is sent). Jobs in a VPC must be able to reach it: see the README.
-    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    try:
-        probe.connect(("192.0.2.1", 9))  # TEST-NET-1: only selects a route
-        return str(probe.getsockname()[0])
-    except OSError:
-        return "127.0.0.1"
-    finally:
-        probe.close()
+    # The master outside Batch: jobs in a VPC must be able to reach it (see the README).
+    from fibercore.backendkit import outward_address
+
+    return outward_address()
 
 
 @hookimpl

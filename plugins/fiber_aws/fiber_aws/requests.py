@@ -15,6 +15,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from fibercore import backendkit
+
 WORKER_COMMAND = ["python", "-m", "fibercore.worker"]
 DEFAULT_VCPUS = 1.0
 DEFAULT_MEMORY_MIB = 2048
@@ -27,13 +29,7 @@ class AwsOptionError(ValueError):
 
 def parse_pairs(text: str | None, key: str) -> dict[str, str]:
     """``"a=1,b=2"`` -> ``{"a": "1", "b": "2"}`` (for aws_tags and aws_environment)."""
-    out: dict[str, str] = {}
-    for item in filter(None, (part.strip() for part in (text or "").split(","))):
-        name, sep, value = item.partition("=")
-        if not sep or not name.strip():
-            raise AwsOptionError(f"{key} entry {item!r} is not KEY=VALUE; example: {key}=team=rl,project=es")
-        out[name.strip()] = value.strip()
-    return out
+    return backendkit.parse_pairs(text, key, AwsOptionError, "team=rl,project=es")
 
 
 def job_name(session: str, process_name: str) -> str:

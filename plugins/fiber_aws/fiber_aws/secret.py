@@ -37,7 +37,6 @@ def fetch(ssm: Any, name: str) -> str:
     except Exception as exc:
         reraise(exc, f"reading the session secret from SSM parameter {name} (the job role needs "
                      "ssm:GetParameter on it, and kms:Decrypt for a customer key)")
-        raise  # unreachable: reraise always raises
 
 
 def delete(ssm: Any, name: str) -> None:

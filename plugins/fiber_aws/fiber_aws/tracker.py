@@ -13,6 +13,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from fibercore.backendkit import signal_exit_code
+
 log = logging.getLogger("fiber_aws")
 
 BATCH_SIZE = 100
@@ -49,11 +51,8 @@ class BatchJob:
 
 def exit_code(job: BatchJob) -> int:
     """The job's exit code in multiprocessing's convention, from what Batch said and what we did."""
-    code = job.container_exit
-    if code is not None:
-        if 128 < code < 128 + 65:
-            return -(code - 128)  # killed by signal N
-        return code
+    if job.container_exit is not None:
+        return signal_exit_code(job.container_exit)
     if job.terminated is not None:  # stopped by us before or without a container exit code
         return -9 if job.terminated else -15
     return 0 if job.status == "SUCCEEDED" else 1

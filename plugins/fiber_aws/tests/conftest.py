@@ -25,14 +25,7 @@ from typing import Any
 
 import pytest
 from aws_helpers import ACTIVE, CHECKOUT, CREDENTIALS, QUEUE, REGION, RUN_ID, client
-
-
-def _skip_or_fail(problem: str) -> None:
-    from fiber_docker.testing import in_ci
-
-    if in_ci():
-        pytest.fail(f"CI=true but the aws tests cannot run: {problem}", pytrace=False)
-    pytest.skip(problem)
+from fiber_docker.testing import skip_or_fail
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -59,12 +52,12 @@ def moto_url(tmp_path_factory: Any) -> Iterator[str]:
     try:
         import moto  # noqa: F401
     except ImportError:
-        _skip_or_fail("moto is not installed (pip install 'moto[server,batch]')")
+        skip_or_fail("moto is not installed (pip install 'moto[server,batch]')", "aws")
     from fiber_docker.testing import docker_problem
 
     problem = docker_problem()
     if problem:
-        _skip_or_fail(f"moto's Batch runs jobs as containers: {problem}")
+        skip_or_fail(f"moto's Batch runs jobs as containers: {problem}", "aws")
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     log = tmp_path_factory.mktemp("moto") / "moto.log"

@@ -14,15 +14,8 @@ from fibercore.testing.targets import exit_with, sleep_for, triple_after
 
 
 @pytest.fixture
-def aws(aws_config: dict[str, Any]) -> Any:
-    def init(**extra: Any) -> Any:
-        return fc.init(backend="aws", **{**aws_config, **extra})
-
-    yield init
-    for p in fc.active_children():
-        p.kill()
-        p.join(30)
-    fc.init()
+def aws(aws_config: dict[str, Any], fiber_backend_init: Any) -> Any:
+    return lambda **extra: fiber_backend_init(backend="aws", **{**aws_config, **extra})
 
 
 def _describe(moto_url: str, job_id: str) -> dict[str, Any]:

@@ -34,7 +34,9 @@ from importlib import metadata, resources
 from pathlib import Path
 from typing import Any
 
-DEFAULT_TAG = "fibercore-worker:latest"
+from fiber_docker import DEFAULT_IMAGE
+
+DEFAULT_TAG = DEFAULT_IMAGE
 DEFAULT_BASE = "python:3.11-slim"
 _OWN_DISTS = {"fibercore", "fiber-local", "fiber-docker", "fiber-k8s", "fiber-aws"}
 _SKIP_DIRS = {"__pycache__", "tests", "build", "dist", ".venv", ".git", ".pytest_cache", ".ruff_cache"}

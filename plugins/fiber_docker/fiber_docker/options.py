@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from fibercore.backendkit import parse_pairs, signal_exit_code
+
 #: Where the session secret is mounted inside each container (read-only).
 SECRET_TARGET = "/run/fiber/secret"
 
@@ -48,13 +50,7 @@ def parse_volumes(text: str | None) -> dict[str, dict[str, str]]:
 
 def parse_labels(text: str | None) -> dict[str, str]:
     """``"team=rl,exp=42"`` -> ``{"team": "rl", "exp": "42"}``."""
-    labels: dict[str, str] = {}
-    for item in filter(None, (part.strip() for part in (text or "").split(","))):
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise DockerOptionError(f"docker_labels entry {item!r} is not KEY=VALUE; example: docker_labels=team=rl,exp=42")
-        labels[key.strip()] = value.strip()
-    return labels
+    return parse_pairs(text, "docker_labels", DockerOptionError)
 
 
 def container_name(session: str, process_name: str, suffix: str) -> str:
@@ -64,11 +60,8 @@ def container_name(session: str, process_name: str, suffix: str) -> str:
 
 
 def exit_code(status: int) -> int:
-    """A container's exit status in multiprocessing's convention: 128+N (a process killed
-    by signal N, as reported by the init process) becomes -N."""
-    if 128 < status < 128 + 65:
-        return -(status - 128)
-    return status
+    """A container's exit status in multiprocessing's convention (128+N -> -N)."""
+    return signal_exit_code(status)
 
 
 @dataclass

@@ -18,10 +18,11 @@ from typing import Any
 
 import pluggy
 
+from fiber_docker import DEFAULT_IMAGE
+
 hookimpl = pluggy.HookimplMarker("fiber")
 
 NAME = "docker"
-DEFAULT_IMAGE = "fibercore-worker:latest"
 
 _engine: Any = None
 _engine_lock = threading.Lock()

@@ -14,6 +14,15 @@ def in_ci() -> bool:
     return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
 
 
+def skip_or_fail(problem: str, suite: str) -> None:
+    """Skip the test with the reason, or fail it under ``CI=true`` (a skipped suite proves nothing)."""
+    import pytest
+
+    if in_ci():
+        pytest.fail(f"CI=true but the {suite} tests cannot run: {problem}", pytrace=False)
+    pytest.skip(problem)
+
+
 def docker_problem() -> str | None:
     """Why no Docker daemon can be used here, or None when one answers."""
     try:

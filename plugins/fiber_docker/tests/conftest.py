@@ -18,16 +18,14 @@ from typing import Any
 
 import pytest
 from docker_helpers import CHECKOUT, RUN_LABEL
-from fiber_docker.testing import docker_problem, in_ci, test_image
+from fiber_docker.testing import docker_problem, skip_or_fail, test_image
 
 
 @pytest.fixture(scope="session")
 def docker_client() -> Any:
     problem = docker_problem()
     if problem is not None:
-        if in_ci():
-            pytest.fail(f"CI=true but the docker tests cannot run: {problem}", pytrace=False)
-        pytest.skip(problem)
+        skip_or_fail(problem, "docker")
     import docker
 
     return docker.from_env()

@@ -136,15 +136,8 @@ def test_container_names_are_valid_docker_names(process_name: str) -> None:
 
 
 @pytest.fixture
-def docker_backend(docker_config: dict[str, Any]) -> Any:
-    def init(**extra: Any) -> Any:
-        return fc.init(backend="docker", **{**docker_config, **extra})
-
-    yield init
-    for p in fc.active_children():
-        p.kill()
-        p.join(10)
-    fc.init()
+def docker_backend(docker_config: dict[str, Any], fiber_backend_init: Any) -> Any:
+    return lambda **extra: fiber_backend_init(backend="docker", **{**docker_config, **extra})
 
 
 def test_meta_limits_are_applied_to_the_container(docker_backend: Any, docker_client: Any) -> None:

@@ -21,6 +21,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from fibercore.backendkit import signal_exit_code
+
 log = logging.getLogger("fiber_k8s")
 
 ENGINE_LABEL = "fibercore/engine"
@@ -59,8 +61,7 @@ class PodJob:
 
 def _exitcode(job: PodJob) -> int:
     if job.exit_status is not None:
-        code = job.exit_status
-        return -(code - 128) if 128 < code < 128 + 65 else code
+        return signal_exit_code(job.exit_status)
     if job.terminated_by is not None:
         return -9 if job.terminated_by else -15
     if job.deleted:
@@ -82,11 +83,9 @@ class Engine:
             if kubeconfig or context or not in_cluster():
                 api_client = config.new_client_from_config(config_file=kubeconfig, context=context)
                 if namespace is None:
-                    _, active = config.list_kube_config_contexts(config_file=kubeconfig)
-                    if context:
-                        active = next(c for c in config.list_kube_config_contexts(config_file=kubeconfig)[0]
-                                      if c["name"] == context)
-                    namespace = (active.get("context") or {}).get("namespace")
+                    contexts, active = config.list_kube_config_contexts(config_file=kubeconfig)
+                    chosen = next((c for c in contexts if c["name"] == context), active) if context else active
+                    namespace = (chosen.get("context") or {}).get("namespace")
             else:
                 config.load_incluster_config()
                 api_client = client.ApiClient()

@@ -14,6 +14,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from fibercore import backendkit
+
 SECRET_KEY = "FIBER_SECRET"
 WORKER_CONTAINER = "worker"
 
@@ -39,13 +41,7 @@ def secret_name(session: str) -> str:
 
 
 def parse_pairs(text: str | None, key: str) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for item in filter(None, (part.strip() for part in (text or "").split(","))):
-        name, sep, value = item.partition("=")
-        if not sep or not name.strip():
-            raise K8sOptionError(f"{key} entry {item!r} is not KEY=VALUE; example: {key}=disktype=ssd,zone=a")
-        out[name.strip()] = value.strip()
-    return out
+    return backendkit.parse_pairs(text, key, K8sOptionError, "disktype=ssd,zone=a")
 
 
 def parse_json(text: str | None, key: str, kind: type) -> Any:

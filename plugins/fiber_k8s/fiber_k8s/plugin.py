@@ -125,16 +125,10 @@ def fiber_listen_host() -> str:
 
     if in_cluster():  # a master in a pod: its pod IP
         return socket.gethostbyname(socket.gethostname())
-    # A master outside the cluster: the interface that routes outward (no packet is
-    # sent); pods must be able to reach it, see the README.
-    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    try:
-        probe.connect(("192.0.2.1", 9))  # TEST-NET-1: only selects a route
-        return str(probe.getsockname()[0])
-    except OSError:
-        return "127.0.0.1"
-    finally:
-        probe.close()
+    # A master outside the cluster: pods must be able to reach it (see the README).
+    from fibercore.backendkit import outward_address
+
+    return outward_address()
 
 
 @hookimpl

@@ -19,14 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fiber_docker.testing import docker_problem, in_ci, test_image
+from fiber_docker.testing import docker_problem, skip_or_fail, test_image
 from k8s_helpers import CHECKOUT, RUN_LABEL, cluster_problem, down, up
-
-
-def _skip_or_fail(problem: str) -> None:
-    if in_ci():
-        pytest.fail(f"CI=true but the k8s tests cannot run: {problem}", pytrace=False)
-    pytest.skip(problem)
 
 
 @pytest.fixture(scope="session")
@@ -39,7 +33,7 @@ def kubeconfig(tmp_path_factory: Any) -> Iterator[Path]:
         return
     problem = cluster_problem() or docker_problem()
     if problem:
-        _skip_or_fail(problem)
+        skip_or_fail(problem, "k8s")
     state = tmp_path_factory.mktemp("k8s")
     try:
         path = up(state)

@@ -18,15 +18,8 @@ from fibercore.testing.targets import sleep_for, triple_after
 
 
 @pytest.fixture
-def k8s(k8s_config: dict[str, Any]) -> Any:
-    def init(**extra: Any) -> Any:
-        return fc.init(backend="kubernetes", **{**k8s_config, **extra})
-
-    yield init
-    for p in fc.active_children():
-        p.kill()
-        p.join(30)
-    fc.init()
+def k8s(k8s_config: dict[str, Any], fiber_backend_init: Any) -> Any:
+    return lambda **extra: fiber_backend_init(backend="kubernetes", **{**k8s_config, **extra})
 
 
 def _gone(core: Any, selector: str, timeout: float = 60) -> list[str]:
