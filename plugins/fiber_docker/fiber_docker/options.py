@@ -6,10 +6,11 @@ engine only sends what these return.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +28,55 @@ def default_network() -> str:
     """Host networking on Linux (jobs reach the master on 127.0.0.1); elsewhere, where
     Docker runs in a VM, the bridge."""
     return "host" if sys.platform.startswith("linux") else "bridge"
+
+
+def interface_ipv4(name: str) -> str | None:
+    """The IPv4 address of this machine's network interface ``name`` (None if absent)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import fcntl
+    import socket
+    import struct
+
+    siocgifaddr = 0x8915
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        try:
+            packed = fcntl.ioctl(sock.fileno(), siocgifaddr, struct.pack("256s", name[:15].encode()))
+        except OSError:
+            return None
+    return socket.inet_ntoa(packed[20:24])
+
+
+def network_gateway(info: Mapping[str, Any],
+                    interface_address: Callable[[str], str | None] = interface_ipv4) -> str | None:
+    """The gateway of a Docker network (``docker network inspect`` data): where its
+    containers reach this machine.
+
+    ``IPAM.Config[].Gateway`` when Docker reports it. A dockerd started without a
+    configured default bridge reports only the subnet; Docker's bridge driver then
+    gives the gateway address to the bridge interface (``docker0``, or ``br-<id>``
+    for a user-defined network), so that interface's address is the gateway; where
+    it cannot be read (a remote daemon), Docker's default IPAM choice: the subnet's
+    first host address.
+    """
+    pools = [p for p in ((info.get("IPAM") or {}).get("Config") or []) if isinstance(p, Mapping)]
+    for pool in pools:
+        if pool.get("Gateway"):
+            return str(pool["Gateway"]).split("/")[0]
+    if info.get("Driver") == "bridge":
+        options = info.get("Options") or {}
+        bridge = options.get("com.docker.network.bridge.name") or f"br-{str(info.get('Id', ''))[:12]}"
+        found = interface_address(bridge)
+        if found:
+            return found
+    for pool in pools:
+        try:
+            subnet = ipaddress.ip_network(str(pool.get("Subnet", "")), strict=False)
+        except ValueError:
+            continue
+        if subnet.version == 4 and subnet.num_addresses > 2:
+            return str(subnet.network_address + 1)
+    return None
 
 
 def parse_volumes(text: str | None) -> dict[str, dict[str, str]]:

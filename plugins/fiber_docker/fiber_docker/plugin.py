@@ -107,7 +107,7 @@ def fiber_config_defaults() -> dict[str, Any]:
 
 @hookimpl
 def fiber_listen_host() -> str:
-    from fiber_docker.options import default_network
+    from fiber_docker.options import default_network, network_gateway
 
     network = _config().get("docker_network") or default_network()
     if network == "host":
@@ -115,10 +115,9 @@ def fiber_listen_host() -> str:
     if os.environ.get("FIBERCORE_DOCKER_CONTAINER"):
         # A job starting jobs on a bridge: siblings reach it at its own address there.
         return socket.gethostbyname(socket.gethostname())
-    info = engine().api.inspect_network(network)
-    for pool in (info.get("IPAM") or {}).get("Config") or []:
-        if pool.get("Gateway"):
-            return str(pool["Gateway"]).split("/")[0]
+    gateway = network_gateway(engine().api.inspect_network(network))
+    if gateway:
+        return gateway
     raise RuntimeError(
         f"docker network {network!r} has no gateway address for the master to listen on; "
         "set listen_host (the address containers reach this machine at) and bind_host"

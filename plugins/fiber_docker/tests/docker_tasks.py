@@ -30,8 +30,25 @@ def container_facts(q: Any) -> None:
         "secret_file": os.environ.get("FIBER_SECRET_FILE"),
         "in_container": os.path.exists("/.dockerenv"),
         "hostname": os.uname().nodename,
+        "default_gateway": default_gateway(),
     })
     time.sleep(float(os.environ.get("HOLD", "0") or 0))
+
+
+def default_gateway() -> str | None:
+    """The container's default route (from the kernel's table): where it reaches the host."""
+    import socket
+    import struct
+
+    try:
+        with open("/proc/net/route") as fh:
+            rows = [line.split() for line in fh.readlines()[1:]]
+    except OSError:
+        return None
+    for row in rows:
+        if len(row) > 2 and row[1] == "00000000":
+            return socket.inet_ntoa(struct.pack("<L", int(row[2], 16)))
+    return None
 
 
 def read_and_write(path: str, q: Any) -> None:

@@ -16,6 +16,7 @@ from fiber_docker.options import (
     build_request,
     container_name,
     exit_code,
+    network_gateway,
     parse_labels,
     parse_volumes,
 )
@@ -264,13 +265,11 @@ def test_gpu_request_reaches_docker(docker_client: Any, docker_image: str) -> No
         api.remove_container(created["Id"], force=True)
 
 
-def test_bridge_network_master_listens_on_the_gateway(docker_backend: Any, docker_client: Any) -> None:
+def test_bridge_network_master_listens_on_the_gateway(docker_backend: Any) -> None:
     """Bridge mode: jobs reach the master at the bridge's gateway (traffic stays between
     this host and its own containers)."""
     docker_backend(docker_network="bridge")
     rt = fc.get_runtime()
-    gateway = docker_client.api.inspect_network("bridge")["IPAM"]["Config"][0]["Gateway"]
-    assert rt.listen_host == gateway
     q = fc.Queue()
     p = fc.Process(target=docker_tasks.container_facts, args=(q,))
     p.start()
@@ -279,6 +278,38 @@ def test_bridge_network_master_listens_on_the_gateway(docker_backend: Any, docke
     assert p.exitcode == 0
     info_host = facts["hostname"]
     assert info_host != os.uname().nodename  # its own network namespace, not the host's
+    # The master listens where the container's own default route leads: the bridge's gateway
+    # (whether or not `docker network inspect` lists it; a dockerd started without a
+    # configured bridge lists only the subnet).
+    assert rt.listen_host == facts["default_gateway"]
+
+
+_BRIDGE = {"Driver": "bridge", "Id": "0123456789abcdef",
+           "Options": {"com.docker.network.bridge.name": "docker0"}}
+
+
+def test_gateway_as_reported_by_ipam() -> None:
+    info = {**_BRIDGE, "IPAM": {"Config": [{"Subnet": "172.17.0.0/16", "Gateway": "172.17.0.1"}]}}
+    assert network_gateway(info, lambda name: "10.9.9.9") == "172.17.0.1"
+
+
+def test_gateway_missing_from_ipam_is_the_bridge_interfaces_address() -> None:
+    """dockerd started without a configured bridge: IPAM lists only the subnet."""
+    info = {**_BRIDGE, "IPAM": {"Config": [{"Subnet": "172.18.0.0/16"}]}}
+    asked: list[str] = []
+    assert network_gateway(info, lambda name: asked.append(name) or "172.18.0.1") == "172.18.0.1"
+    assert asked == ["docker0"]
+    user_defined = {"Driver": "bridge", "Id": "0123456789abcdef", "Options": {},
+                    "IPAM": {"Config": [{"Subnet": "10.5.0.0/24"}]}}
+    network_gateway(user_defined, lambda name: asked.append(name))
+    assert asked[-1] == "br-0123456789ab"
+
+
+def test_gateway_without_interface_is_the_subnets_first_host() -> None:
+    """A remote daemon (no such interface here): Docker's default IPAM choice."""
+    info = {**_BRIDGE, "IPAM": {"Config": [{"Subnet": "fd00::/64"}, {"Subnet": "10.7.0.0/16"}]}}
+    assert network_gateway(info, lambda name: None) == "10.7.0.1"
+    assert network_gateway({"Driver": "bridge", "IPAM": {"Config": []}}, lambda name: None) is None
 
 
 def test_output_is_echoed_to_the_master(docker_backend: Any, capfd: Any) -> None:
