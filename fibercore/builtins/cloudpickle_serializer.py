@@ -5,11 +5,30 @@ by value, so a worker never has to re-import the master's main script. Plain dat
 of the most common types takes the C pickler directly (cloudpickle costs ~3 µs more
 per call). Large contiguous buffers (numpy arrays, PickleBuffer) travel out of band:
 they are not copied into the pickle stream.
+
+Functions of the master's ``__main__`` share one namespace in each receiving
+process (:data:`MAIN_NAMESPACE`), as they share the re-imported main module in a
+child of multiprocessing's spawn. Plain cloudpickle gives every ``dumps`` call a
+fresh globals dict, so a global set by a Pool initializer was invisible to the
+tasks, and a module-level cache was rebuilt on every ``map``. A global that a
+received function refers to takes the sender's value the first time it arrives,
+and again whenever the sender has bound the name to another object since it last
+sent it (``theta = theta + step`` in the master between two maps reaches the
+workers). Otherwise the receiver keeps its own value: what an initializer or a
+cache stored there, as in a spawned child. Like multiprocessing, changes the
+sender makes *inside* an object (``theta += step`` on an array) do not travel:
+pass such values as arguments.
 """
 
 from __future__ import annotations
 
+import io
+import itertools
+import os
 import pickle
+import sys
+import threading
+import types
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,6 +38,78 @@ from fibercore.hookspecs import hookimpl
 
 _PLAIN = frozenset({bytes, str, int, float, bool, type(None), bytearray, complex})
 _OOB_MIN = 4096  # smaller buffers are cheaper in band
+
+#: The namespace that functions of a sender's ``__main__`` get in this process.
+MAIN_NAMESPACE: dict[str, Any] = {"__name__": "__mp_main__", "__builtins__": __builtins__}
+_received: dict[str, tuple[str, int]] = {}  # name -> the sender's version of it we last took
+_main_lock = threading.Lock()
+# The sending side: each global's current object and its version (a strong reference,
+# so an id is never reused while it is the recorded one).
+_SENDER = os.urandom(8).hex()
+_sent: dict[str, tuple[Any, int]] = {}
+_versions = itertools.count(1)
+
+
+def _versions_of(names: Any, namespace: dict[str, Any]) -> dict[str, tuple[str, int]]:
+    """This process's version of each global in ``names`` (new when the name was rebound)."""
+    out = {}
+    with _main_lock:
+        for name in names:
+            if name not in namespace:
+                continue
+            value = namespace[name]
+            known = _sent.get(name)
+            if known is None or known[0] is not value:
+                known = _sent[name] = (value, next(_versions))
+            out[name] = (_SENDER, known[1])
+    return out
+
+
+def _is_main_globals(namespace: dict[str, Any]) -> bool:
+    main = sys.modules.get("__main__")
+    return namespace is MAIN_NAMESPACE or (main is not None and namespace is vars(main))
+
+
+def _make_main_function(code: types.CodeType, name: str | None, argdefs: Any, closure: Any) -> types.FunctionType:
+    """Unpickling: a function of the sender's ``__main__``, in this process's shared namespace."""
+    return types.FunctionType(code, MAIN_NAMESPACE, name, argdefs, closure)
+
+
+def _main_function_setstate(func: types.FunctionType, state: Any) -> None:
+    """cloudpickle's ``_function_setstate``, merging globals by the rule in the module docstring."""
+    state, slotstate, versions = state
+    func.__dict__.update(state)
+    carried = slotstate.pop("__globals__")
+    closure = slotstate.pop("__closure__")
+    slotstate.pop("_cloudpickle_submodules", None)
+    with _main_lock:
+        for key, value in carried.items():
+            version = versions.get(key)
+            if key not in MAIN_NAMESPACE or _received.get(key) != version:
+                MAIN_NAMESPACE[key] = value
+                _received[key] = version
+    if closure is not None:
+        for i, cell in enumerate(closure):
+            try:
+                value = cell.cell_contents
+            except ValueError:  # an empty cell
+                continue
+            func.__closure__[i].cell_contents = value  # type: ignore[index]
+    for key, value in slotstate.items():
+        setattr(func, key, value)
+
+
+class _Pickler(cloudpickle.Pickler):
+    """cloudpickle, with ``__main__`` functions bound to the receiver's shared namespace."""
+
+    def _dynamic_function_reduce(self, func: types.FunctionType) -> Any:
+        reduced = super()._dynamic_function_reduce(func)
+        if not _is_main_globals(func.__globals__):
+            return reduced
+        _make, (code, _base_globals, name, argdefs, closure), (state, slotstate), *_ = reduced
+        versions = _versions_of(slotstate["__globals__"], func.__globals__)
+        return (_make_main_function, (code, name, argdefs, closure), (state, slotstate, versions), None, None,
+                _main_function_setstate)
 
 
 def _writable(part: Any) -> Any:
@@ -42,7 +133,9 @@ class CloudpickleSerializer:
             buffers.append(raw)
             return False
 
-        data = cloudpickle.dumps(obj, protocol=5, buffer_callback=keep)
+        with io.BytesIO() as out:
+            _Pickler(out, protocol=5, buffer_callback=keep).dump(obj)
+            data = out.getvalue()
         return [data, *buffers]
 
     def loads(self, parts: Sequence[Any]) -> Any:

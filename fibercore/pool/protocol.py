@@ -6,7 +6,7 @@ small tasks or results costs one transport call::
 
     worker                                        master (scheduler)
     READY(wid, pid)            ───────────────▶  worker may now receive tasks
-    ◀─────────────── TASK(header, func?, payload)  up to `prefetch` chunks in flight
+    ◀─────── TASK(header, func parts?, payload)  up to `prefetch` chunks in flight
     RESULT(header, payload)    ───────────────▶  removes the chunk from the pending table
     ◀─────────────────────────────────── STEAL   give back chunks not yet started
     RETURNED(cid, ...)         ───────────────▶  they go back to the front of the queue
@@ -31,19 +31,21 @@ APPLY, MAP, STARMAP = 0, 1, 2
 #: Functions a worker keeps per batch id (first in, first out).
 FUNC_CACHE = 64
 
-# TASK header: chunk id, batch id, kind, whether the function is attached.
-_TASK = struct.Struct("<QQBB")
+# TASK header: chunk id, batch id, kind, how many parts of the frame are the pickled
+# function (0: the worker has it already). A function pickle has one part per
+# out-of-band buffer it holds (a numpy array it closes over), so this is a count.
+_TASK = struct.Struct("<QQBI")
 # RESULT header: chunk id, ok flag, microseconds spent running the chunk.
 _RESULT = struct.Struct("<QBQ")
 
 
-def task_header(cid: int, bid: int, kind: int, with_func: bool) -> bytes:
-    return _TASK.pack(cid, bid, kind, with_func)
+def task_header(cid: int, bid: int, kind: int, func_parts: int) -> bytes:
+    return _TASK.pack(cid, bid, kind, func_parts)
 
 
-def read_task_header(part: bytes | memoryview) -> tuple[int, int, int, bool]:
-    cid, bid, kind, with_func = _TASK.unpack(part)
-    return cid, bid, kind, bool(with_func)
+def read_task_header(part: bytes | memoryview) -> tuple[int, int, int, int]:
+    """(chunk id, batch id, kind, number of function parts that follow the header)."""
+    return _TASK.unpack(part)
 
 
 def result_header(cid: int, ok: bool, micros: int) -> bytes:
