@@ -74,20 +74,24 @@ class _Inbox:
     """Chunks received but not started, and the messages that change them.
 
     The main thread receives by itself while it is idle (no thread hand-off on the
-    latency path). While a chunk runs longer than :data:`POLL_AFTER`, a poller
-    thread checks the socket every :data:`POLL_EVERY`, so STEAL and STOP are
-    answered even during a long task.
+    latency path). Once a chunk has run for :data:`POLL_AFTER`, a poller thread
+    takes over the socket, blocked in a receive (the GIL is free: the task runs at
+    full speed), so STEAL and STOP are answered during a long task. The poller
+    wakes only for a message or every :data:`POLL_BLOCK`; when the chunk ends, the
+    main thread waits for the poller's receive to return before it receives again,
+    and meanwhile whatever arrives is filed by the poller.
     """
 
     def __init__(self, channel: Any) -> None:
         self.channel = channel
         self.lock = threading.Lock()
+        self.changed = threading.Condition(self.lock)
         self.tasks: collections.deque[tuple[int, int, _Func | None, list[Any]]] = collections.deque()
         self.funcs: collections.OrderedDict[int, _Func] = collections.OrderedDict()
         self.stopping = False
         self.closed = False
         self.running_since = 0.0  # when the current chunk started; 0 while idle
-        self.polling = False  # the poller is between a receive and filing its result
+        self.polling = False  # the poller owns the socket (it is in, or about to enter, a receive)
         self.busy = threading.Event()
 
     def file(self, messages: list[tuple[int, list[Any]]]) -> None:
@@ -111,24 +115,31 @@ class _Inbox:
                     self.tasks.clear()
                     if op == P.STOP:
                         self.stopping = True
+            self.changed.notify_all()
         if give_back is not None:
             self.channel.send([(P.RETURNED, [P.ids(give_back)])])
 
-    def poll_while_busy(self) -> None:
-        """The poller thread: drain the socket while a long chunk runs.
+    def started_chunk(self, when: float) -> None:
+        with self.lock:
+            self.running_since = when
+            self.busy.set()
 
-        It polls only while the chunk it saw start is still running, checked under
-        the lock, and says so in ``polling``: the main thread never blocks in its
-        own receive while a poll may still file a task it would then not see.
-        """
+    def finished_chunk(self) -> None:
+        with self.lock:
+            self.running_since = 0.0
+
+    def poll_while_busy(self) -> None:
+        """The poller thread: receive for the main thread while a long chunk runs."""
         while True:
             self.busy.wait()
-            started = self.running_since
-            if not started:
-                self.busy.clear()
-                continue
-            if time.perf_counter() - started < POLL_AFTER:
-                time.sleep(POLL_AFTER)
+            with self.lock:
+                started = self.running_since
+                if not started:
+                    self.busy.clear()
+                    continue
+            wait = POLL_AFTER - (time.perf_counter() - started)
+            if wait > 0:
+                time.sleep(wait)
                 continue
             while True:
                 with self.lock:
@@ -137,37 +148,32 @@ class _Inbox:
                     self.polling = True
                 messages = None
                 try:
-                    messages, _ = self.channel.recv(timeout=0)
+                    messages, _ = self.channel.recv(timeout=POLL_BLOCK)
                 except TransportTimeout:
                     pass
                 except TransportClosed:
                     with self.lock:
                         self.polling = False
+                        self.changed.notify_all()
                     return
                 if messages:
                     self.file(messages)
                 with self.lock:
                     self.polling = False
-                if not messages:
-                    time.sleep(POLL_EVERY)
-
-    def finished_chunk(self) -> None:
-        with self.lock:
-            self.running_since = 0.0
+                    self.changed.notify_all()
 
     def wait_for_poller(self) -> bool:
         """True when the main thread may block in receive (no poll in flight, nothing queued)."""
-        while True:
-            with self.lock:
-                if self.tasks or self.stopping:
-                    return False
-                if not self.polling:
-                    return True
-            time.sleep(0.0002)
+        with self.lock:
+            while self.polling and not self.tasks and not self.stopping:
+                self.changed.wait()
+            return not (self.tasks or self.stopping)
 
 
-POLL_AFTER = 0.002
-POLL_EVERY = 0.002
+#: A chunk running longer than this gets the poller (shorter ones answer at their end).
+POLL_AFTER = 0.02
+#: The poller's receive timeout: how often it checks whether the chunk ended.
+POLL_BLOCK = 0.2
 
 
 def run_worker(address: str, wid: int, initializer: Callable[..., Any] | None,
@@ -229,9 +235,7 @@ def run_worker(address: str, wid: int, initializer: Callable[..., Any] | None,
             continue
         cid, kind, func, payload = task
         start = time.perf_counter()
-        inbox.running_since = start
-        if not inbox.busy.is_set():
-            inbox.busy.set()
+        inbox.started_chunk(start)
         try:
             ok, value = True, _run_chunk(kind, func, payload, serializer)
         except Exception as exc:
