@@ -22,6 +22,7 @@
 from __future__ import annotations
 
 import array
+import functools
 import itertools
 import logging
 import os
@@ -34,6 +35,7 @@ from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from fibercore import lifetime
 from fibercore.errors import (
     AuthenticationError,
     ProcessError,
@@ -609,7 +611,14 @@ class BaseManager:
             raise ProcessError(
                 f"the manager server exited ({self._process.exitcode}) before it was ready; its logs:\n"
                 f"{self._process.logs()}") from None
+        finally:
+            reader.close()
         self._state = "started"
+        # As multiprocessing: a manager nobody shuts down stops when collected or at exit.
+        self._finalizer = lifetime.track(
+            self, functools.partial(_stop_server, self._process, self._address, self._authkey,
+                                    self._shutdown_timeout),
+            lifetime.MANAGER)
 
     def connect(self, timeout: float = 10.0) -> None:
         """Use the running server at ``address`` (given to the constructor).
@@ -638,18 +647,8 @@ class BaseManager:
     def shutdown(self) -> None:
         """Stop the server (and its job) if this manager started it."""
         if self._state == "started" and self._address is not None:
-            try:
-                _client(self._address, self._authkey).request(SHUTDOWN, 0).get(self._shutdown_timeout + 5)
-            except Exception:
-                pass
-            client = _clients.get((os.getpid(), self._address, self._authkey))
-            if client is not None:
-                client.close(ProcessError(f"the manager at {self._address} was shut down"))
-            if self._process is not None:
-                self._process.join(self._shutdown_timeout + 5)
-                if self._process.is_alive():
-                    self._process.terminate()
-                    self._process.join(5)
+            self._finalizer.cancel()
+            _stop_server(self._process, self._address, self._authkey, self._shutdown_timeout)
         self._state = "shutdown"
 
     def join(self, timeout: float | None = None) -> None:
@@ -709,6 +708,22 @@ class BaseManager:
                 return self._create(typeid, *args, **kwds)
             temp.__name__ = typeid
             setattr(cls, typeid, temp)
+
+
+def _stop_server(process: Any, address: str, key: bytes | None, timeout: float) -> None:
+    """Ask the server to stop, wait ``timeout`` (+5 s) for its job, then terminate it."""
+    try:
+        _client(address, key).request(SHUTDOWN, 0).get(timeout + 5)
+    except Exception:
+        pass
+    client = _clients.get((os.getpid(), address, key))
+    if client is not None:
+        client.close(ProcessError(f"the manager at {address} was shut down"))
+    if process is not None:
+        process.join(timeout + 5)
+        if process.is_alive():
+            process.terminate()
+            process.join(5)
 
 
 class SyncManager(BaseManager):

@@ -380,7 +380,11 @@ _exit_installed = False
 
 
 def _exit_function() -> None:
-    """As multiprocessing does at exit: terminate daemonic children, join the others."""
+    """As multiprocessing does at exit: clean up forgotten pools and managers, terminate
+    daemonic children, join the others."""
+    from fibercore import lifetime
+
+    lifetime.run_at_exit()
     for p in active_children():
         if p.daemon:
             try:

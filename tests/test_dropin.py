@@ -112,3 +112,79 @@ def test_initializer_global_and_module_cache_in_main(tmp_path):
     mp_line, fiber_line, theta_line = out.stdout.strip().splitlines()
     assert fiber_line == mp_line == "([0, 10, 20, 30, 40], 1)"
     assert theta_line == "[1, 1, 1, 1] [2, 2, 2, 2]"
+
+
+# -- lifetimes: forgotten pools and managers --------------------------------------------------
+def test_forgotten_pool_and_manager_do_not_hang_exit(tmp_path):
+    """Never closed, never shut down: the program still ends at once and leaves no job."""
+    out = run_script(tmp_path, """
+        import os
+        import fibercore as mp
+        def sq(x):
+            return x * x
+        def leak_a_pool():
+            p = mp.Pool(2)
+            return p.map(sq, range(4))
+        if __name__ == "__main__":
+            print(leak_a_pool())          # collected while the program runs
+            pool = mp.Pool(2)             # still referenced at exit
+            print(pool.map(sq, range(3)))
+            m = mp.Manager()
+            d = m.dict()
+            d["a"] = 1
+            print(dict(d))
+            print("pids", " ".join(str(c.pid) for c in mp.active_children()))
+    """, timeout=30)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[:3] == ["[0, 1, 4, 9]", "[0, 1, 4]", "{'a': 1}"]
+    assert "Traceback" not in out.stderr, out.stderr
+    for pid in map(int, lines[3].split()[1:]):
+        assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text().lower()
+
+
+def test_collecting_a_pool_never_blocks_on_its_lock():
+    """The collector may run anywhere, even while another thread holds the scheduler's lock."""
+    import gc
+    import threading
+    import time
+
+    pool = mp.Pool(1)
+    assert pool.map(abs, [-1]) == [1]
+    core = pool._core
+    workers = core.worker_processes()
+    holding, release = threading.Event(), threading.Event()
+
+    def hold_lock():
+        with core.lock:
+            holding.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold_lock)
+    holder.start()
+    holding.wait(10)
+    del pool
+    t0 = time.monotonic()
+    gc.collect()
+    took = time.monotonic() - t0
+    release.set()
+    holder.join()
+    assert took < 1.0, f"gc.collect() blocked {took:.1f} s on the pool's lock"
+    deadline = time.monotonic() + 30
+    while any(w.is_alive() for w in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(w.is_alive() for w in workers), "the collected pool's workers were not stopped"
+
+
+def test_manager_start_and_shutdown_leave_no_socket_open():
+    def open_fds():
+        return len(list(Path("/proc/self/fd").iterdir()))
+
+    for _ in range(2):  # warm-up: the admin hub, the manager client machinery
+        with mp.Manager() as m:
+            m.dict()
+    before = open_fds()
+    for _ in range(4):
+        with mp.Manager() as m:
+            m.dict()
+    assert open_fds() - before <= 1, "a socket (or more) per manager is left open"

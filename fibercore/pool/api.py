@@ -14,6 +14,7 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
+from fibercore import lifetime
 from fibercore.pool import protocol as P
 from fibercore.pool.results import (
     ApplyResult,
@@ -112,6 +113,9 @@ class Pool:
             max_size=max_processes,
             idle_timeout=idle_timeout,
         )
+        # A pool nobody closes is terminated when collected or at exit (never from
+        # the collector's own thread: see fibercore.lifetime).
+        self._finalizer = lifetime.track(self, self._core.terminate, lifetime.POOL)
 
     # ------------------------------------------------------------------ helpers
     def _check_running(self) -> Scheduler:
@@ -242,6 +246,7 @@ class Pool:
     def terminate(self) -> None:
         """Stop the workers at once; outstanding tasks fail with ProcessError."""
         if self._core is not None:
+            self._finalizer.cancel()
             self._core.terminate()
 
     def join(self) -> None:
@@ -253,6 +258,7 @@ class Pool:
         if core.state not in (CLOSE, TERMINATE):
             raise ValueError("In unknown state")
         core.join()
+        self._finalizer.cancel()
 
     def __enter__(self) -> Pool:
         self._check_running()
@@ -273,13 +279,10 @@ class Pool:
         return f"<{type(self).__module__}.{type(self).__qualname__} state={state} pool_size={size}>"
 
     def __del__(self, _warn: Any = warnings.warn) -> None:
+        # Only a warning here: the clean-up runs on the reaper thread (lifetime.track).
         core = getattr(self, "_core", None)
         if core is not None and core.state == RUN:
             _warn(f"unclosed running multiprocessing pool {self!r}", ResourceWarning, source=self)
-            try:
-                core.terminate()
-            except Exception:
-                pass
 
 
 class ThreadPool:

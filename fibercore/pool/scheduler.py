@@ -837,12 +837,15 @@ class Scheduler:
 
     def _kill_all(self, workers: list[WorkerSlot]) -> None:
         """Kill many jobs at once (each kill may be a network call on a cluster backend)."""
-        if len(workers) <= 1:
-            for w in workers:
-                self._kill(w)
-            return
-        with ThreadPoolExecutor(max_workers=16, thread_name_prefix=f"{self.name}-kill") as ex:
-            list(ex.map(self._kill, workers))
+        if len(workers) > 1:
+            try:
+                with ThreadPoolExecutor(max_workers=16, thread_name_prefix=f"{self.name}-kill") as ex:
+                    list(ex.map(self._kill, workers))
+                return
+            except RuntimeError:  # at interpreter exit no executor takes work: one by one
+                pass
+        for w in workers:
+            self._kill(w)
 
     def _shutdown(self) -> None:
         self.finished = True

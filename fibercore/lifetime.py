@@ -1,0 +1,123 @@
+"""Clean-up of objects that own jobs (pools, manager servers): when collected, or at exit.
+
+A user who forgets ``pool.terminate()`` or ``manager.shutdown()`` must still get a
+program that ends, with no job left behind, as with multiprocessing (whose
+``util.Finalize`` does this). Two rules make that safe:
+
+* A collection never runs the clean-up itself. A garbage-collector callback can
+  fire in any thread at any allocation, even while that thread holds the lock the
+  clean-up needs (a Pool's scheduler lock: the program hung). The callback only
+  writes a byte to a pipe (no Python lock involved); a reaper thread does the work.
+* At exit, :func:`run_at_exit` runs every clean-up still due, highest priority
+  first (pools before managers, whose proxies their tasks may use), before the
+  exit handler terminates daemonic children and joins the others.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import os
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+log = logging.getLogger("fibercore.lifetime")
+
+#: Priorities (higher runs first at exit), as multiprocessing's exitpriority.
+POOL, MANAGER = 15, 0
+
+_due: dict[int, tuple[int, Callable[[], None], Any]] = {}  # key -> (priority, clean-up, weakref)
+_collected: collections.deque[int] = collections.deque()
+_keys = itertools.count(1)
+_lock = threading.Lock()
+_wakeup: tuple[int, int] | None = None
+
+
+class Handle:
+    """The clean-up registered for one object; ``cancel()`` once the object was closed by hand."""
+
+    __slots__ = ("key",)
+
+    def __init__(self, key: int) -> None:
+        self.key = key
+
+    def cancel(self) -> None:
+        _due.pop(self.key, None)
+
+    @property
+    def pending(self) -> bool:
+        return self.key in _due
+
+
+def track(obj: Any, cleanup: Callable[[], None], priority: int) -> Handle:
+    """Run ``cleanup()`` once: when ``obj`` is collected (on the reaper thread) or at exit.
+
+    ``cleanup`` must not refer to ``obj`` (it would never be collected).
+    """
+    _start_reaper()
+    key = next(_keys)
+    wakeup = _wakeup
+
+    def collected(_ref: Any, key: int = key) -> None:
+        # Called by the garbage collector, anywhere: no locks, no allocation-heavy work.
+        _collected.append(key)
+        try:
+            os.write(wakeup[1], b"x")  # type: ignore[index]
+        except OSError:
+            pass
+
+    _due[key] = (priority, cleanup, weakref.ref(obj, collected))
+    return Handle(key)
+
+
+def _start_reaper() -> None:
+    global _wakeup
+    if _wakeup is not None:
+        return
+    with _lock:
+        if _wakeup is None:
+            r, w = os.pipe()
+            _wakeup = (r, w)
+            threading.Thread(target=_reap, args=(r,), name="fiber-reaper", daemon=True).start()
+
+
+def _run(key: int) -> None:
+    entry = _due.pop(key, None)
+    if entry is None:
+        return
+    try:
+        entry[1]()
+    except Exception:
+        log.exception("clean-up of a collected object failed")
+
+
+def _reap(fd: int) -> None:
+    while True:
+        try:
+            os.read(fd, 512)
+        except OSError:
+            return
+        while _collected:
+            _run(_collected.popleft())
+
+
+def run_at_exit() -> None:
+    """Run every clean-up still due, highest priority first (the master's exit handler)."""
+    entries = sorted(list(_due.items()), key=lambda item: -item[1][0])
+    for key, _entry in entries:
+        _run(key)
+
+
+def _after_fork_in_child() -> None:
+    """A forked child owns none of its parent's pools or servers, nor its reaper."""
+    global _wakeup
+    _due.clear()
+    _collected.clear()
+    _wakeup = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
