@@ -25,7 +25,8 @@ from collections import deque
 from typing import Any
 
 from fibercore.errors import TransportClosed, TransportTimeout
-from fibercore.runtime import get_runtime
+from fibercore.lifetime import flush_in_multiprocessing_children
+from fibercore.runtime import adopt_credentials, credentials_for_child, get_runtime
 from fibercore.serialization import dumps_or_explain
 from fibercore.wire import Channel, Sender
 
@@ -74,12 +75,23 @@ class Connection:
         self._eof = False
         self._closed = False
         self._lock = threading.Lock()
+        self._pid = os.getpid()
         _open.add(self)
 
     # -- connecting --------------------------------------------------------------------
+    def _forked(self) -> None:
+        """In a forked child, forget the parent's socket and threads (they are not ours)."""
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+        self._channel = None
+        self._sender = None
+        self._owns_home = False
+
     def _connect(self) -> Channel:
         if self._closed:
             raise OSError("handle is closed")
+        if self._pid != os.getpid():
+            self._forked()
         with self._lock:
             if self._channel is not None:
                 return self._channel
@@ -107,10 +119,11 @@ class Connection:
         self._check_closed()
         if not self._writable:
             raise OSError("connection is read-only")
-        if self._sender is None:
+        if self._sender is None or self._pid != os.getpid():
             channel = self._connect()
             with self._lock:
                 if self._sender is None:
+                    flush_in_multiprocessing_children(_flush_all)
                     self._sender = Sender(channel, name=f"fiber-pipe-{self._pipe_id[:8]}")
         self._sender.put((op, parts))
 
@@ -224,6 +237,8 @@ class Connection:
     def _close(self, flush_timeout: float) -> None:
         if self._closed:
             return
+        if self._pid != os.getpid():
+            self._forked()
         if self._sender is not None:
             try:
                 self._sender.put((CLOSE, []))
@@ -258,14 +273,15 @@ class Connection:
     def __reduce__(self) -> Any:
         self._pickled = True
         return (_rebuild, (self._pipe_id, self._address, self._creator_pid, self._readable,
-                           self._writable, self._side))
+                           self._writable, self._side, credentials_for_child()))
 
     def __repr__(self) -> str:
         return f"<fibercore Connection {self._address} {'closed' if self._closed else 'open'}>"
 
 
 def _rebuild(pipe_id: str, address: str, creator_pid: int, readable: bool, writable: bool,
-             side: int) -> Connection:
+             side: int, credentials: tuple[str, bytes] | None = None) -> Connection:
+    adopt_credentials(credentials)
     return Connection(pipe_id, address, creator_pid, readable, writable, side)
 
 

@@ -111,6 +111,25 @@ def run_at_exit() -> None:
         _run(key)
 
 
+_flushers: set[tuple[int, Callable[[], None]]] = set()
+
+
+def flush_in_multiprocessing_children(flush: Callable[[], None]) -> None:
+    """Run ``flush`` at the end of a child started by ``multiprocessing`` too.
+
+    Such a child leaves through ``os._exit`` after multiprocessing's own exit
+    function, without ``atexit`` handlers: what a queue's or a pipe's sender
+    thread still holds would be lost. multiprocessing's finalizers do run there.
+    """
+    key = (os.getpid(), flush)
+    if key in _flushers:
+        return
+    _flushers.add(key)
+    from multiprocessing import util
+
+    util.Finalize(None, flush, exitpriority=10)
+
+
 def _after_fork_in_child() -> None:
     """A forked child owns none of its parent's pools or servers, nor its reaper."""
     global _wakeup

@@ -43,7 +43,7 @@ from fibercore.errors import (
     TransportClosed,
     TransportError,
 )
-from fibercore.runtime import get_runtime
+from fibercore.runtime import adopt_credentials, credentials_for_child, get_runtime
 
 log = logging.getLogger("fibercore.managers")
 
@@ -279,6 +279,7 @@ class _Client:
         rt = get_runtime()
         self.serializer = rt.serializer
         self.address = address
+        self.pid = os.getpid()
         self.channel = rt.dial("router", address, key)
         self.ids = itertools.count(1)
         self.waiting: dict[int, Future] = {}
@@ -360,6 +361,14 @@ def _client(address: str, key: bytes | None) -> _Client:
         return client
 
 
+def _after_fork_in_child() -> None:
+    global _clients_lock
+    _clients_lock = threading.Lock()  # a parent's thread may have held it at the fork
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 # ------------------------------------------------------------------------------------ proxies
 class BaseProxy:
     """A reference to a shared object in a manager server (``multiprocessing`` semantics)."""
@@ -375,15 +384,22 @@ class BaseProxy:
         self._key = bytes(authkey) if authkey is not None else None
         self._manager = manager
         self._exposed = tuple(exposed) if exposed is not None else None
-        self._client = _client(token.address, self._key)
-        if incref and not manager_owned:
-            self._client.request(INCREF, token.id).get()
-        if not manager_owned:
+        self._manager_owned = manager_owned
+        self._connect(incref)
+
+    def _connect(self, incref: bool) -> None:
+        """This process's connection to the server, and (unless owned) its reference."""
+        self._client = _client(self._token.address, self._key)
+        if incref and not self._manager_owned:
+            self._client.request(INCREF, self._id).get()
+        if not self._manager_owned:
             # Not at interpreter exit: the server may be gone, and its job ends with ours.
-            weakref.finalize(self, _decref, self._client, token.id).atexit = False
+            weakref.finalize(self, _decref, self._client, self._id).atexit = False
 
     def _callmethod(self, methodname: str, args: tuple[Any, ...] = (), kwds: dict[str, Any] | None = None) -> Any:
         """Call ``methodname`` on the shared object; the result, or a handle when asynchronous."""
+        if self._client.pid != os.getpid():  # in a forked child: its own connection and reference
+            self._connect(incref=True)
         future = self._client.request(CALL, self._id, (methodname, tuple(args), dict(kwds or {})))
         future._convert = self._convert
         if self._asynchronous:
@@ -406,9 +422,11 @@ class BaseProxy:
 
     def __reduce__(self) -> Any:
         # Keep the object alive for the copy in flight; the copy adopts this reference.
+        if self._client.pid != os.getpid():
+            self._connect(incref=True)
         self._client.request(INCREF, self._id).get()
         key = self._key if self._key != get_runtime().secret else None
-        return (_rebuild_proxy, (type(self), self._token, key, self._exposed))
+        return (_rebuild_proxy, (type(self), self._token, key, self._exposed, credentials_for_child()))
 
     def __deepcopy__(self, memo: Any) -> Any:
         return self._getvalue()
@@ -424,14 +442,16 @@ class BaseProxy:
 
 
 def _decref(client: _Client, ident: int) -> None:
-    if not client.closed:
+    if not client.closed and client.pid == os.getpid():
         try:
             client.request(DECREF, ident, reply=False)
         except Exception:
             pass
 
 
-def _rebuild_proxy(cls: type[BaseProxy], token: Token, key: bytes | None, exposed: Any) -> BaseProxy:
+def _rebuild_proxy(cls: type[BaseProxy], token: Token, key: bytes | None, exposed: Any,
+                   credentials: tuple[str, bytes] | None = None) -> BaseProxy:
+    adopt_credentials(credentials)
     return cls(token, authkey=key, exposed=exposed, incref=False)
 
 

@@ -38,7 +38,8 @@ from collections.abc import Hashable
 from typing import Any
 
 from fibercore.errors import TransportClosed, TransportTimeout
-from fibercore.runtime import get_runtime
+from fibercore.lifetime import flush_in_multiprocessing_children
+from fibercore.runtime import adopt_credentials, credentials_for_child, get_runtime
 from fibercore.serialization import dumps_or_explain
 from fibercore.wire import Sender
 
@@ -413,8 +414,17 @@ def _client(address: str, qid: str) -> _Client:
     with _clients_lock:
         client = _clients.get(key)
         if client is None:
+            flush_in_multiprocessing_children(_at_exit)
             client = _clients[key] = _Client(address, qid)
         return client
+
+
+def _after_fork_in_child() -> None:
+    global _clients_lock
+    _clients_lock = threading.Lock()  # a parent's thread may have held it at the fork
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 @atexit.register
@@ -446,7 +456,8 @@ class Queue:
         return _brokers.get(self._qid) if os.getpid() == self._creator else None
 
     def __reduce__(self) -> Any:
-        return (_rebuild, (type(self), self._qid, self._address, self._creator, self._maxsize))
+        return (_rebuild, (type(self), self._qid, self._address, self._creator, self._maxsize,
+                           credentials_for_child()))
 
     def _dumps(self, obj: Any) -> list[Any]:
         return dumps_or_explain(get_runtime().serializer, obj, "an object through a Queue")
@@ -575,10 +586,12 @@ class SimpleQueue(Queue):
         super().__init__(0)
 
     def __reduce__(self) -> Any:
-        return (_rebuild, (type(self), self._qid, self._address, self._creator, 0))
+        return (_rebuild, (type(self), self._qid, self._address, self._creator, 0, credentials_for_child()))
 
 
-def _rebuild(cls: type[Queue], qid: str, address: str, creator: int, maxsize: int) -> Queue:
+def _rebuild(cls: type[Queue], qid: str, address: str, creator: int, maxsize: int,
+             credentials: tuple[str, bytes] | None = None) -> Queue:
+    adopt_credentials(credentials)
     q = cls.__new__(cls)
     q._qid, q._address, q._creator, q._maxsize, q._closed = qid, address, creator, maxsize, False
     return q

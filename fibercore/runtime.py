@@ -68,6 +68,7 @@ class Runtime:
 _runtime: Runtime | None = None
 _lock = threading.RLock()
 _extra_plugins: list[Any] = []
+_adopted: tuple[str, bytes] | None = None  # credentials a multiprocessing parent handed over
 
 
 def _setup_logging(cfg: _config.Config) -> None:
@@ -130,6 +131,8 @@ def build(init_values: dict[str, Any] | None = None) -> Runtime:
     if found is not None:
         session, secret = found
         is_worker = bool(os.environ.get("FIBER_MASTER_ADDR"))
+    elif _adopted is not None:
+        (session, secret), is_worker = _adopted, False
     else:
         session, secret, is_worker = secrets.token_hex(6), secrets.token_bytes(32), False
         # Children started through this process's own subprocesses share the session.
@@ -138,6 +141,34 @@ def build(init_values: dict[str, Any] | None = None) -> Runtime:
 
 def _truthy_env(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def credentials_for_child() -> tuple[str, bytes] | None:
+    """The session's id and secret while ``multiprocessing`` pickles a child's start data.
+
+    multiprocessing hands its ``authkey`` to a spawn or forkserver child inside the
+    private start-up pipe; fibercore objects (queues, pipe ends, proxies) pickled for
+    such a child carry the session's credentials the same way, and only then: the
+    secret never travels in any other pickle, nor in the environment.
+    """
+    from multiprocessing import context
+
+    if context.get_spawning_popen() is None:
+        return None
+    rt = get_runtime()
+    return rt.session, rt.secret
+
+
+def adopt_credentials(credentials: tuple[str, bytes] | None) -> None:
+    """In a child started by ``multiprocessing``: use the parent's session (see above)."""
+    global _adopted
+    if credentials is None:
+        return
+    with _lock:
+        _adopted = credentials
+        rt = _runtime
+        if rt is not None and not os.environ.get("FIBER_SESSION"):
+            rt.session, rt.secret = credentials
 
 
 def get_runtime() -> Runtime:

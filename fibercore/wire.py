@@ -401,6 +401,15 @@ class _Acker:
 _acker = _Acker()
 
 
+def _after_fork_in_child() -> None:
+    """The parent's acker thread does not exist in a forked child: start afresh."""
+    global _acker
+    _acker = _Acker()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 class Sender:
     """A background thread that packs queued messages into as few frames as it can.
 

@@ -188,3 +188,66 @@ def test_manager_start_and_shutdown_leave_no_socket_open():
         with mp.Manager() as m:
             m.dict()
     assert open_fds() - before <= 1, "a socket (or more) per manager is left open"
+
+
+# -- fibercore objects in children that multiprocessing (or a library) starts ---------------
+def test_queue_pipe_and_proxy_in_plain_multiprocessing_children(tmp_path):
+    """spawn and forkserver get the session's credentials in the start-up pipe; a forked
+    child (nng cannot run after fork) dials in pure Python."""
+    out = run_script(tmp_path, """
+        import multiprocessing
+        import fibercore
+        def child(q, conn, d):
+            q.put("queue")
+            conn.send("pipe")
+            d["seen"] = d.get("seen", 0) + 1
+        if __name__ == "__main__":
+            q = fibercore.Queue()
+            a, b = fibercore.Pipe()
+            q.put("warm-up"); q.get()  # nng in use before the fork
+            m = fibercore.Manager()
+            d = m.dict()
+            for method in ("fork", "spawn", "forkserver"):
+                p = multiprocessing.get_context(method).Process(target=child, args=(q, b, d))
+                p.start()
+                got = (q.get(timeout=20), a.recv() if a.poll(20) else "no pipe message")
+                p.join(20)
+                print(method, got, p.exitcode)
+            print("proxy", d["seen"])
+            m.shutdown()
+    """, timeout=90)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [
+        "fork ('queue', 'pipe') 0", "spawn ('queue', 'pipe') 0", "forkserver ('queue', 'pipe') 0", "proxy 3"]
+    assert "dropped a frame" not in out.stderr, out.stderr
+
+
+def test_gymnasium_async_vector_env_feeds_a_fibercore_queue(tmp_path):
+    """A library that starts its own children: each env reports its steps to a fibercore queue."""
+    pytest.importorskip("gymnasium")
+    out = run_script(tmp_path, """
+        import gymnasium as gym
+        import fibercore
+        class Report(gym.Wrapper):
+            def __init__(self, env, q, index):
+                super().__init__(env)
+                self.q, self.index, self.steps = q, index, 0
+            def step(self, action):
+                self.steps += 1
+                self.q.put((self.index, self.steps))
+                return self.env.step(action)
+        def make(q, index):
+            return lambda: Report(gym.make("CartPole-v1"), q, index)
+        if __name__ == "__main__":
+            for context in ("fork", "spawn", "forkserver"):
+                q = fibercore.Queue()
+                envs = gym.vector.AsyncVectorEnv([make(q, i) for i in range(2)], context=context)
+                envs.reset(seed=0)
+                for _ in range(5):
+                    envs.step(envs.action_space.sample())
+                got = sorted(q.get(timeout=20) for _ in range(10))
+                envs.close()
+                print(context, got == sorted((i, k) for i in range(2) for k in range(1, 6)))
+    """, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["fork", "True", "spawn", "True", "forkserver", "True"]

@@ -13,6 +13,7 @@ The receive size limit is lifted (nng's default is 1 MiB).
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 import threading
 import types
@@ -156,6 +157,45 @@ class NngEndpoint:
         return f"<NngEndpoint {self.address}>"
 
 
+#: This process (or the one it was forked from) has opened nng sockets.
+_nng_used = False
+#: A fork happened after that: nng aborts the process on any call, so dial in Python.
+_nng_forked = False
+
+
+def _after_fork_in_child() -> None:
+    """nng aborts a forked child on any call, even closing a socket: the parent's
+    sockets must never be closed here (they are the parent's; the OS closes the
+    child's copies of their descriptors), so closing and collecting them is a no-op."""
+    global _nng_forked
+    if not _nng_used:
+        return
+    _nng_forked = True
+
+    def inert(self: Any, *args: Any) -> None:
+        return None
+
+    for cls in (pynng.Socket, pynng.Context):
+        cls.close = inert  # type: ignore[method-assign]
+        cls.__del__ = inert  # type: ignore[attr-defined]
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _no_close_on_collect() -> None:
+    """At exit, after every handler that closes sockets on purpose: a socket still alive
+    is not closed when the interpreter collects it. nng's close waits for the pipe
+    callbacks it runs into Python, and once finalisation has begun no other thread
+    gets the GIL: the process hung at exit (the OS closes the descriptors anyway)."""
+
+    def inert(self: Any) -> None:
+        return None
+
+    for cls in (pynng.Socket, pynng.Context):
+        cls.__del__ = inert  # type: ignore[attr-defined]
+
+
 class NngTransport:
     name = "nng"
 
@@ -168,6 +208,8 @@ class NngTransport:
         self.prepare_exit()
 
     def _socket(self, kind: str, listening: bool) -> pynng.Socket:
+        global _nng_used
+        _nng_used = True
         opts: dict[str, Any] = {}
         if self._tls:
             mode = pynng.TLSConfig.MODE_SERVER if listening else pynng.TLSConfig.MODE_CLIENT
@@ -199,8 +241,18 @@ class NngTransport:
         import pynng.nng
 
         atexit.unregister(getattr(pynng.nng, "_pynng_atexit", lambda: None))
+        atexit.unregister(_no_close_on_collect)
+        atexit.register(_no_close_on_collect)  # first registered of ours: runs after them
+
 
     def listen(self, kind: str, bind_host: str, advertise_host: str | None = None) -> NngEndpoint:
+        if _nng_forked:
+            raise TransportError(
+                "this process was forked from one that uses fibercore, and nng does not work after "
+                "fork: it can use the queues, pipes and managers it inherited or was given, but not "
+                "create new ones or start jobs. Start it with multiprocessing's 'spawn' or "
+                "'forkserver' method (multiprocessing.get_context('spawn')), or create the objects "
+                "before the fork.")
         sock = self._socket(kind, listening=True)
         host = f"[{bind_host}]" if ":" in bind_host else bind_host
         try:
@@ -216,7 +268,14 @@ class NngTransport:
         adv = f"[{adv}]" if ":" in adv else adv
         return NngEndpoint(sock, f"{self._scheme}://{adv}:{port}", addressed=kind == "router")
 
-    def dial(self, kind: str, address: str) -> NngEndpoint:
+    def dial(self, kind: str, address: str) -> Any:
+        if _nng_forked:
+            from fibercore.builtins.sp_socket import SPDialer
+
+            try:
+                return SPDialer(kind, address)
+            except OSError as exc:
+                raise TransportError(f"cannot connect to {address}: {exc}") from exc
         sock = self._socket(kind, listening=False)
         try:
             sock.dial(address, block=True)
