@@ -28,21 +28,31 @@ def _cleanup(args: argparse.Namespace) -> int:
     from fibercore.runtime import get_runtime
 
     count = get_runtime().plugins.cleanup_jobs(args.session)
-    print(f"removed {count} job(s) of {'session ' + args.session if args.session else 'every fiber session'} "
+    print(f"removed {count} job(s) of {'session ' + args.session if args.session else 'sessions whose master is gone'} "
           f"on backend {cfg.get('backend') or get_runtime().backend}")
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
+    from fibercore import __version__
+    from fibercore.errors import FiberError
+
     parser = argparse.ArgumentParser(prog="fiber", description="fibercore command line")
+    parser.add_argument("--version", action="version",
+                        version=f"fibercore {__version__} (Python {sys.version.split()[0]})")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("backends", help="list installed backends and plugins").set_defaults(func=_backends)
     clean = sub.add_parser("cleanup", help="remove jobs a crashed master left behind")
-    clean.add_argument("--session", help="only this session (default: every fiber session)")
+    clean.add_argument("--session", help="stop every job of this session, even if its master runs "
+                                          "(default: the jobs of every session whose master is gone)")
     clean.add_argument("--backend", help="backend to clean (default: the selected one)")
     clean.set_defaults(func=_cleanup)
     args = parser.parse_args(argv)
-    return int(args.func(args))
+    try:
+        return int(args.func(args))
+    except FiberError as exc:  # a configuration or backend problem: the message says the fix
+        print(f"fiber {args.command}: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

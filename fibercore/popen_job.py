@@ -70,6 +70,7 @@ class JobPopen:
             "parent_pid": os.getpid(),
             "parent_name": process._parent_name,
             "parent_host": socket.gethostname(),
+            "argv": list(sys.argv),  # as multiprocessing's spawn: the child sees the parent's argv
         }
         payload = [pickle.dumps(prep, protocol=5), *_serialize_process(process)]
         self._launch = hub.register(payload)

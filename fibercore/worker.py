@@ -99,6 +99,8 @@ def main() -> int:
             sys.path.insert(0, entry)
     if os.path.isdir(prep["cwd"]):
         os.chdir(prep["cwd"])
+    if "argv" in prep:
+        sys.argv = list(prep["argv"])
 
     connected = threading.Event()
     connected.set()

@@ -84,3 +84,10 @@ def lock_result(_: Any = None) -> Any:
     import threading
 
     return threading.Lock()
+
+
+def exit_at(x: int, at: int = 25, code: int = 3) -> int:
+    """End the worker process with ``code`` (as os._exit in a library would) at item ``at``."""
+    if x == at:
+        os._exit(code)
+    return x

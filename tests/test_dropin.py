@@ -19,12 +19,13 @@ from hypothesis import strategies as st
 import fibercore as mp
 
 
-def run_script(tmp_path: Path, source: str, timeout: float = 60.0, **kw) -> subprocess.CompletedProcess[str]:
+def run_script(tmp_path: Path, source: str, timeout: float = 60.0, args: tuple[str, ...] = (),
+               **kw) -> subprocess.CompletedProcess[str]:
     """Run ``source`` as a main script; fail (not hang) if it does not end in ``timeout``."""
     script = tmp_path / "program.py"
     script.write_text(textwrap.dedent(source))
     try:
-        return subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+        return subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True,
                               timeout=timeout, cwd=tmp_path, **kw)
     except subprocess.TimeoutExpired as exc:
         raise AssertionError(f"the program did not end within {timeout} s; its output:\n"
@@ -203,11 +204,11 @@ def test_queue_pipe_and_proxy_in_plain_multiprocessing_children(tmp_path):
             d["seen"] = d.get("seen", 0) + 1
         if __name__ == "__main__":
             q = fibercore.Queue()
-            a, b = fibercore.Pipe()
             q.put("warm-up"); q.get()  # nng in use before the fork
             m = fibercore.Manager()
             d = m.dict()
             for method in ("fork", "spawn", "forkserver"):
+                a, b = fibercore.Pipe()
                 p = multiprocessing.get_context(method).Process(target=child, args=(q, b, d))
                 p.start()
                 got = (q.get(timeout=20), a.recv() if a.poll(20) else "no pipe message")
@@ -251,3 +252,55 @@ def test_gymnasium_async_vector_env_feeds_a_fibercore_queue(tmp_path):
     """, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["fork", "True", "spawn", "True", "forkserver", "True"]
+
+
+def test_worker_lost_error_names_the_items_and_the_likely_cause():
+    from fibercore.errors import WorkerLostError
+    from tests import pool_tasks as T
+
+    with mp.Pool(2, max_task_retries=0) as p:
+        with pytest.raises(WorkerLostError) as info:
+            p.map(T.exit_at, range(40), chunksize=10)
+    message = str(info.value)
+    assert "items 20-29 of map(exit_at) were lost" in message
+    assert "exited with status 3" in message and "out-of-memory" not in message
+
+
+def test_workers_see_the_parents_argv(tmp_path):
+    out = run_script(tmp_path, """
+        import sys
+        import fibercore as mp
+        def argv(_):
+            return sys.argv[1:]
+        if __name__ == "__main__":
+            with mp.Pool(1) as p:
+                print(p.apply(argv, (0,)))
+    """, timeout=30, args=("--lr", "0.1"))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "['--lr', '0.1']"
+
+
+def test_cli_errors_are_messages_not_tracebacks():
+    env = {**__import__("os").environ, "FIBER_BACKEND": "nosuch"}
+    out = subprocess.run([sys.executable, "-m", "fibercore.cli", "backends"], capture_output=True, text=True,
+                         env=env, timeout=60)
+    assert out.returncode == 2
+    assert "Traceback" not in out.stderr and "unknown fibercore backend 'nosuch'" in out.stderr
+    version = subprocess.run([sys.executable, "-m", "fibercore.cli", "--version"], capture_output=True, text=True,
+                             timeout=60)
+    assert version.returncode == 0 and version.stdout.startswith(f"fibercore {mp.__version__}")
+
+
+def test_cleanup_without_session_spares_jobs_of_a_live_master():
+    from tests import helpers
+
+    p = mp.Process(target=helpers.sleep_then_put, args=(mp.Queue(), 30))
+    p.start()
+    try:
+        out = subprocess.run([sys.executable, "-m", "fibercore.cli", "cleanup", "--backend", "local"],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert p.is_alive(), "fiber cleanup killed the job of a master that is still running"
+    finally:
+        p.kill()
+        p.join(10)

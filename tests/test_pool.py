@@ -312,7 +312,7 @@ def test_task_that_keeps_killing_its_worker_fails_with_a_clear_error():
         with pytest.raises(WorkerLostError) as info:
             p.apply(T.die_hard)
         message = str(info.value)
-        assert "task 0 of apply(die_hard)" in message
+        assert "the call of apply(die_hard) was lost" in message
         assert "SIGKILL" in message and "max_task_retries=1" in message
         assert "out of memory (simulated)" in message  # the worker's logs
         assert isinstance(info.value, multiprocessing.ProcessError)

@@ -129,6 +129,34 @@ def _describe_exit(code: int | None) -> str:
     return f"exit code {code}"
 
 
+def _items(chunk: Chunk) -> str:
+    """Which items of the user's call a chunk holds: "item 7", "items 20-29"."""
+    if chunk.batch.kind == P.APPLY:
+        return "the call"
+    size = getattr(chunk.batch.sink, "_chunksize", 1) or 1
+    first = chunk.index * size
+    last = first + size - 1
+    values = getattr(chunk.batch.sink, "_value", None)
+    if isinstance(values, list) and values:  # a MapResult knows how many items there are
+        last = min(last, len(values) - 1)
+    return f"item {first}" if last <= first else f"items {first}-{last}"
+
+
+def _likely_cause(code: int | None) -> str:
+    """What usually ends a worker this way, and what to do."""
+    if code == -signal.SIGKILL:
+        return ("SIGKILL usually means the kernel's out-of-memory killer (or a job deleted by hand): "
+                "raise the workers' memory with Pool(..., memory=MiB) or @fibercore.meta, or allow more "
+                "retries (max_task_retries).")
+    if code is not None and code < 0:
+        return ("A signal other than SIGKILL usually means a crash in native code (SIGSEGV, SIGABRT) or a "
+                "job stopped from outside (SIGTERM): see the logs below.")
+    if code is not None and code > 0:
+        return (f"The worker process exited with status {code} while running the task: the task (or a "
+                "library it calls) ended the process, with sys.exit() in a thread or os._exit(); see the logs below.")
+    return "The job vanished without an exit status (node lost, job deleted): see the logs below."
+
+
 def _func_name(func: Any) -> str:
     return getattr(func, "__qualname__", None) or getattr(func, "__name__", None) or type(func).__name__
 
@@ -671,12 +699,11 @@ class Scheduler:
             logs = self._logs(w)
             for chunk in failed:
                 err = WorkerLostError(
-                    f"task {chunk.index} of {chunk.batch.name} was lost: its worker {w.name} "
-                    f"({self._job_name(w)}) died ({why}; {_describe_exit(w.exitcode)}), and it had "
-                    f"already been retried {self.retries} time(s) on fresh workers (max_task_retries="
-                    f"{self.retries}). Out of memory or a crash in native code are the usual causes; "
-                    f"raise the worker's memory with Pool(..., memory=MiB) or @fibercore.meta, or allow "
-                    f"more retries.\n  last worker's logs:\n{logs}"
+                    f"{_items(chunk)} of {chunk.batch.name} {'were' if _items(chunk).startswith('items') else 'was'} "
+                    f"lost: its worker {w.name} ({self._job_name(w)}) died ({why}; "
+                    f"{_describe_exit(w.exitcode)}), and it had already been retried {self.retries} "
+                    f"time(s) on fresh workers (max_task_retries={self.retries}). "
+                    f"{_likely_cause(w.exitcode)}\n  last worker's logs:\n{logs}"
                 )
                 self._fail(chunk, err)
 

@@ -28,6 +28,8 @@ import pluggy
 hookimpl = pluggy.HookimplMarker("fiber")
 
 NAME = "local"
+#: Set in every local job's environment: the pid of the master that started it.
+MASTER_PID_ENV = "FIBER_LOCAL_MASTER_PID"
 _TAIL = 64 * 1024
 
 
@@ -132,6 +134,7 @@ def fiber_create_job(spec: Any) -> Any:
     env.update(spec.env)
     env.update(spec.secret_env)  # same user, same machine: the environment is private to it
     env.setdefault("PYTHONUNBUFFERED", "1")
+    env[MASTER_PID_ENV] = str(os.getpid())  # `fiber cleanup` leaves jobs of a live master alone
     cwd = spec.cwd if spec.cwd and os.path.isdir(spec.cwd) else None
     _pump.echo = bool(get_runtime().config.get("local_echo_output", True))
     popen = subprocess.Popen(
@@ -194,9 +197,19 @@ def fiber_job_logs(job: Any) -> str | None:
     return bytes(data.tail).decode("utf-8", "replace")
 
 
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 @hookimpl
 def fiber_cleanup_jobs(session: str | None) -> int:
-    """Kill local workers of ``session`` (any fiber session when None) left by a dead master."""
+    """Kill local workers left by a master that is gone (any session), or every worker of
+    ``session`` when one is named (the user stops that session on purpose)."""
     count = 0
     me = os.getpid()
     for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
@@ -214,6 +227,9 @@ def fiber_cleanup_jobs(session: str | None) -> int:
             continue
         if session is not None and found.decode() != session:
             continue
+        master = env.get(MASTER_PID_ENV.encode(), b"")
+        if session is None and master.isdigit() and _alive(int(master)):
+            continue  # its master still runs: not a leftover
         try:
             os.kill(int(entry), signal.SIGKILL)
             count += 1
