@@ -124,8 +124,15 @@ class Connection:
             with self._lock:
                 if self._sender is None:
                     flush_in_multiprocessing_children(_flush_all)
-                    self._sender = Sender(channel, name=f"fiber-pipe-{self._pipe_id[:8]}")
-        self._sender.put((op, parts))
+                    ref = weakref.ref(self)
+                    self._sender = Sender(channel, name=f"fiber-pipe-{self._pipe_id[:8]}",
+                                          peer_gone=lambda: _peer_gone(ref))
+        if self._eof:  # as multiprocessing: writing to a pipe whose reader is gone
+            raise BrokenPipeError(f"the other end of the pipe {self._address} is closed")
+        try:
+            self._sender.put((op, parts))
+        except TransportClosed as exc:
+            raise BrokenPipeError(f"the other end of the pipe {self._address} is gone: {exc}") from None
 
     def _next(self, timeout: float | None) -> tuple[int, list[Any]]:
         """Next message; raises TransportTimeout after ``timeout``, EOFError at the end."""
@@ -246,8 +253,8 @@ class Connection:
                 pass
             self._sender.close(flush=True, timeout=flush_timeout)
         elif self._channel is not None and self._writable:
-            try:
-                self._channel.send([(CLOSE, [])])
+            try:  # never wait: the other end may be gone (a pair's send would block)
+                self._channel.send([(CLOSE, [])], block=False)
             except Exception:
                 pass
         self._closed = True
@@ -277,6 +284,11 @@ class Connection:
 
     def __repr__(self) -> str:
         return f"<fibercore Connection {self._address} {'closed' if self._closed else 'open'}>"
+
+
+def _peer_gone(ref: weakref.ref[Connection]) -> bool:
+    conn = ref()
+    return conn is None or conn._eof or conn._closed
 
 
 def _rebuild(pipe_id: str, address: str, creator_pid: int, readable: bool, writable: bool,

@@ -41,7 +41,7 @@ import sys
 import threading
 import time
 from array import array
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 from cryptography.exceptions import InvalidTag
@@ -259,7 +259,12 @@ class Channel:
         else:  # a transport without gathering sends always block
             self.endpoint.send(b"".join(parts), peer)
 
-    def send(self, messages: Sequence[Message], peer: Hashable | None = None) -> None:
+    def send(self, messages: Sequence[Message], peer: Hashable | None = None, block: bool = True) -> None:
+        """Seal and send; ``block=False`` raises TransportTimeout instead of waiting for room.
+
+        A blocking send may also raise TransportTimeout when the transport bounds its
+        wait (pair endpoints do, so that a sender can give up on a departed peer).
+        """
         if self._role == "hub" and peer is not None:
             state = self._state(peer)
             with state.lock:
@@ -273,7 +278,7 @@ class Channel:
             owed = self._take_owed()
             if owed:
                 messages = [(OP_CREDIT, [str(owed).encode()]), *messages]
-        self._send_frame(messages, peer)
+        self._send_frame(messages, peer, block)
 
     def _state(self, peer: Hashable) -> _PeerState:
         state = self._peers.get(peer)
@@ -425,8 +430,10 @@ class Sender:
         name: str,
         max_frame: int = 4 << 20,
         high_water: int = 64 << 20,
+        peer_gone: Callable[[], bool] | None = None,
     ) -> None:
         self._channel = channel
+        self._peer_gone = peer_gone
         self._queue: collections.deque[tuple[Message, int]] = collections.deque()
         self._cv = threading.Condition(threading.Lock())
         self._bytes = 0
@@ -469,7 +476,7 @@ class Sender:
                 self._busy = True
                 self._cv.notify_all()
             try:
-                self._channel.send(batch)
+                self._send(batch)
             except BaseException as exc:  # closed endpoint: drop the rest, fail later puts
                 with self._cv:
                     self._error = exc
@@ -480,6 +487,16 @@ class Sender:
             with self._cv:
                 self._busy = False
                 self._cv.notify_all()
+
+    def _send(self, batch: list[Message]) -> None:
+        """Send one batch; a send that times out is tried again until the peer is known gone."""
+        while True:
+            try:
+                self._channel.send(batch)
+                return
+            except TransportTimeout:
+                if self._closed or (self._peer_gone is not None and self._peer_gone()):
+                    raise BrokenPipeError("the other end is gone; what was still queued is dropped") from None
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every queued message was sent; False on timeout."""

@@ -304,3 +304,56 @@ def test_cleanup_without_session_spares_jobs_of_a_live_master():
     finally:
         p.kill()
         p.join(10)
+
+
+# -- pipes whose other end died ---------------------------------------------------------------
+def test_pipe_send_to_a_dead_peer_raises_and_nothing_blocks(tmp_path):
+    """multiprocessing raises BrokenPipeError; close() and exit must not wait for a reader
+    that is gone, even with 64 MiB and more queued (the script must end)."""
+    out = run_script(tmp_path, """
+        import time
+        import fibercore as mp
+        def take_one(conn):
+            conn.recv()
+        if __name__ == "__main__":
+            a, b = mp.Pipe()
+            p = mp.Process(target=take_one, args=(b,))
+            p.start()
+            a.send("one")
+            p.join(30)
+            raised, sent = None, 0
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                try:
+                    a.send_bytes(b"x" * (1 << 20))
+                    sent += 1
+                except BrokenPipeError as exc:
+                    raised = exc
+                    break
+            print("raised", type(raised).__name__)
+            t0 = time.monotonic()
+            a.close()
+            print("close took under 2 s", time.monotonic() - t0 < 2)
+    """, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["raised BrokenPipeError", "close took under 2 s True"]
+
+
+def test_closing_a_pipe_end_after_the_other_process_exited(tmp_path):
+    """The multiprocessing documentation's Pipe example, with both ends closed at the end."""
+    for _ in range(5):
+        out = run_script(tmp_path, """
+            from fibercore import Process, Pipe
+            def f(conn):
+                conn.send([42, None, 'hello'])
+                conn.close()
+            if __name__ == '__main__':
+                parent_conn, child_conn = Pipe()
+                p = Process(target=f, args=(child_conn,))
+                p.start()
+                print(parent_conn.recv())
+                p.join()
+                parent_conn.close()
+                child_conn.close()
+        """, timeout=20)
+        assert out.returncode == 0 and out.stdout == "[42, None, 'hello']\n", out.stderr

@@ -99,7 +99,7 @@ class NngEndpoint:
             if err:  # nng frees the message only when it accepted it
                 lib.nng_msg_free(raw)
                 check_err(err)
-        except pynng.TryAgain as exc:
+        except (pynng.TryAgain, pynng.Timeout) as exc:
             raise TransportTimeout(f"{self.address} cannot take a frame now") from exc
         except pynng.Closed as exc:
             raise TransportClosed(f"endpoint {self.address} is closed") from exc
@@ -156,6 +156,9 @@ class NngEndpoint:
     def __repr__(self) -> str:
         return f"<NngEndpoint {self.address}>"
 
+
+#: Seconds a blocking send on a pair endpoint waits before it raises TransportTimeout.
+PAIR_SEND_SLICE = 0.25
 
 #: This process (or the one it was forked from) has opened nng sockets.
 _nng_used = False
@@ -229,6 +232,10 @@ class NngTransport:
         sock.recv_max_size = 0  # nng's default caps frames at 1 MiB
         sock.reconnect_time_min = 10
         sock.reconnect_time_max = 1000
+        if kind == "pair":
+            # A blocking send on a pair waits for a peer; it must come back now and then so
+            # that a sender can notice the peer is gone (wire.Sender retries until then).
+            sock.send_timeout = int(PAIR_SEND_SLICE * 1000)
         return sock
 
     def prepare_exit(self) -> None:

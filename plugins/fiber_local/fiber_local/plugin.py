@@ -29,7 +29,7 @@ hookimpl = pluggy.HookimplMarker("fiber")
 
 NAME = "local"
 #: Set in every local job's environment: the pid of the master that started it.
-MASTER_PID_ENV = "FIBER_LOCAL_MASTER_PID"
+MASTER_PID_ENV = "FIBERCORE_LOCAL_MASTER_PID"  # not FIBER_*: that prefix is config
 _TAIL = 64 * 1024
 
 
