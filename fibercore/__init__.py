@@ -45,6 +45,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "FiberContext": ("fibercore.context", "FiberContext"),
     "Pool": ("fibercore.pool", "Pool"),
     "managers": ("fibercore.managers", ""),
+    "experimental": ("fibercore.experimental", ""),
     "Ring": ("fibercore.ring", "Ring"),
     "Queue": ("fibercore.queues", "Queue"),
     "JoinableQueue": ("fibercore.queues", "JoinableQueue"),
@@ -74,6 +75,11 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY))
+
+
+def reset() -> Any:
+    """The original fiber's ``reset()``: rebuild the configuration from its sources."""
+    return init()
 
 
 def get_config() -> Any:
@@ -122,6 +128,7 @@ __all__ = [
     "meta",
     "parent_process",
     "register_plugin",
+    "reset",
     "set_executable",
     "set_start_method",
     "unregister_plugin",

@@ -260,3 +260,24 @@ def build_config(
     apply(env_values, lambda k: f"environment variable FIBER_{k.upper()}", strict=False)
     apply(init_values, lambda k: f"fibercore.init({k}=...)", strict=True)
     return Config(table, values, origins)
+
+
+# -- uber/fiber compatibility: ``fiber.config.<key>`` and ``fiber.config.get_dict()`` -------------
+def get_dict() -> dict[str, Any]:
+    """The effective configuration as a plain dict (the original fiber's ``config.get_dict()``)."""
+    from fibercore.runtime import get_runtime
+
+    return dict(get_runtime().config)
+
+
+def __getattr__(name: str) -> Any:
+    """``fibercore.config.start_timeout``: a key of the effective configuration, as the
+    original fiber kept its values as attributes of ``fiber.config`` (read after ``init()``)."""
+    if name.startswith("__"):
+        raise AttributeError(name)
+    from fibercore.runtime import get_runtime
+
+    config = get_runtime().config
+    if name in config:
+        return config[name]
+    raise AttributeError(unknown_key_message(name, config.options))

@@ -357,3 +357,37 @@ def test_closing_a_pipe_end_after_the_other_process_exited(tmp_path):
                 child_conn.close()
         """, timeout=20)
         assert out.returncode == 0 and out.stdout == "[42, None, 'hello']\n", out.stderr
+
+
+# -- programs written for uber/fiber 0.2.1, with only the import changed ------------------------
+def test_program_written_for_the_original_fiber(tmp_path):
+    out = run_script(tmp_path, """
+        import fibercore as fiber
+        from fibercore import SimpleQueue, Process
+        from fibercore.experimental import Ring
+        from fibercore.managers import AsyncManager
+
+        def square(x):
+            return x * x
+
+        @fiber.meta(cpu=1)
+        def produce(q):
+            q.put("from a job")
+
+        if __name__ == "__main__":
+            fiber.init(cpu_per_job=1, start_timeout=60)
+            print(fiber.config.cpu_per_job, fiber.config.get_dict()["start_timeout"])
+            pool = fiber.Pool(2, error_handling=True)
+            pool.start_workers()
+            print(pool.wait_until_workers_up(60), pool.map(square, range(4)))
+            pool.terminate()
+            q = SimpleQueue()
+            p = Process(target=produce, args=(q,))
+            p.start()
+            print(q.get())
+            p.join()
+            print(Ring.__name__, AsyncManager.__name__, fiber.cpu_count() >= 1)
+            fiber.reset()
+    """, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["1.0 60.0", "True [0, 1, 4, 9]", "from a job", "Ring AsyncManager True"]

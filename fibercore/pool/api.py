@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
@@ -70,7 +71,10 @@ class Pool:
         min_processes: int | None = None,
         max_processes: int | None = None,
         idle_timeout: float = 10.0,
+        error_handling: bool | None = None,
     ) -> None:
+        # error_handling: the original fiber's switch to a resilient pool; every
+        # fibercore pool reruns a dead worker's tasks, so it is accepted and has no effect.
         self._core: Scheduler | None = None
         rt = get_runtime()
         cfg = rt.config
@@ -219,6 +223,24 @@ class Pool:
         assert self._core is not None
         self._core.resize(processes)
         self._processes = processes
+
+    def start_workers(self) -> None:
+        """The original fiber's explicit start: fibercore pools start their jobs when created."""
+        self._check_running()
+
+    def wait_until_workers_up(self, timeout: float | None = None) -> bool:
+        """Block until every worker job of the pool has connected (the original fiber's
+        ``Pool.wait_until_workers_up``); False if ``timeout`` seconds passed first."""
+        core = self._check_running()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with core.changed:
+            while core.ready_count() < core.target:
+                core.check_running()
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
+                core.changed.wait(0.05 if remaining is None else min(0.05, remaining))
+        return True
 
     @property
     def size(self) -> int:
