@@ -29,6 +29,7 @@ import pickle
 import sys
 import threading
 import types
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -118,12 +119,63 @@ def _writable(part: Any) -> Any:
     return bytearray(part)
 
 
+def _fingerprint(func: types.FunctionType, seen: set[int]) -> tuple[Any, ...] | None:
+    """What a ``__main__`` function's pickle depends on, or None when it cannot be told.
+
+    The function object itself, plain defaults, and the version (see
+    :func:`_versions_of`) of every global it names, recursively through the
+    ``__main__`` functions it calls. A closure, a ``__main__`` class or anything
+    else whose content could change unseen makes it None (no caching).
+    """
+    if func.__closure__ is not None or not _is_main_globals(func.__globals__):
+        return None
+    if set(func.__dict__) - {"__fiber_meta__"}:
+        return None
+    defaults = func.__defaults__ or ()
+    kwdefaults = tuple(sorted((func.__kwdefaults__ or {}).items()))
+    if any(type(v) not in _PLAIN for v in defaults) or any(type(v) not in _PLAIN for _, v in kwdefaults):
+        return None
+    seen.add(id(func))
+    names = sorted(cloudpickle.cloudpickle._extract_code_globals(func.__code__))
+    versions = _versions_of(names, func.__globals__)
+    parts: list[Any] = [id(func), defaults, kwdefaults, tuple(sorted(versions.items()))]
+    for name in names:
+        value = func.__globals__.get(name)
+        if isinstance(value, type) and value.__module__ == "__main__":
+            return None
+        if isinstance(value, types.FunctionType) and _is_main_globals(value.__globals__) and id(value) not in seen:
+            inner = _fingerprint(value, seen)
+            if inner is None:
+                return None
+            parts.append(inner)
+    return tuple(parts)
+
+
+#: The last pickle of each ``__main__`` function, with the fingerprint it was made at.
+_pickled_functions: weakref.WeakKeyDictionary[types.FunctionType, tuple[Any, list[Any]]] = \
+    weakref.WeakKeyDictionary()
+
+
 class CloudpickleSerializer:
     name = "cloudpickle"
 
     def dumps(self, obj: Any) -> list[Any]:
         if type(obj) in _PLAIN:
             return [pickle.dumps(obj, protocol=5)]
+        if type(obj) is types.FunctionType:
+            # The same unchanged function gives the same list of parts (not a new pickle):
+            # a Pool recognises it and does not send an ES noise table again every map.
+            fingerprint = _fingerprint(obj, set())
+            if fingerprint is not None:
+                cached = _pickled_functions.get(obj)
+                if cached is not None and cached[0] == fingerprint:
+                    return cached[1]
+                parts = self._dumps(obj)
+                _pickled_functions[obj] = (fingerprint, parts)
+                return parts
+        return self._dumps(obj)
+
+    def _dumps(self, obj: Any) -> list[Any]:
         buffers: list[Any] = []
 
         def keep(buf: pickle.PickleBuffer) -> bool:

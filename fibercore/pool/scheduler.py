@@ -58,6 +58,8 @@ STARTING, READY, RETIRING, LEAVING, DEAD = "starting", "ready", "retiring", "lea
 RUN, CLOSE, TERMINATE = "running", "closed", "terminated"
 
 MAX_PREFETCH = 32
+#: Chunks at least this long (on average) are prefetched one at a time.
+LONG_CHUNK = 0.02
 LOG_TAIL = 3000
 
 
@@ -207,6 +209,7 @@ class Scheduler:
         self.finished = False
         self._cids = itertools.count(1)
         self._bids = itertools.count(1)
+        self._function_ids: OrderedDict[int, tuple[list[Any], int]] = OrderedDict()
         self._wids = itertools.count(1)
         self._events: deque[tuple[str, Any]] = deque()
         self._wake = threading.Event()
@@ -229,10 +232,24 @@ class Scheduler:
             raise ProcessError(f"{self.name} cannot run tasks: {self.broken}") from self.broken
 
     def new_batch(self, kind: int, func: Callable[..., Any] | None, sink: Any, what: str) -> Batch:
+        """A batch for one call. Its ``bid`` names its function in the workers' caches:
+        batches whose pickled function is the very same (a serializer returns the same
+        parts for an unchanged function) share it, so workers get the function once."""
         func_parts = None
-        if kind != P.APPLY:
-            func_parts = dumps_or_explain(self.serializer, func, f"the function given to {what}")
-        return Batch(next(self._bids), kind, func_parts, sink, f"{what}({_func_name(func)})")
+        if kind == P.APPLY:
+            return Batch(next(self._bids), kind, None, sink, f"{what}({_func_name(func)})")
+        func_parts = dumps_or_explain(self.serializer, func, f"the function given to {what}")
+        with self.lock:
+            known = self._function_ids.get(id(func_parts))
+            if known is not None and known[0] is func_parts:
+                bid = known[1]
+                self._function_ids.move_to_end(id(func_parts))
+            else:
+                bid = next(self._bids)
+                self._function_ids[id(func_parts)] = (func_parts, bid)
+                if len(self._function_ids) > P.FUNC_CACHE:
+                    self._function_ids.popitem(last=False)
+        return Batch(bid, kind, func_parts, sink, f"{what}({_func_name(func)})")
 
     def add_chunk(self, batch: Batch, index: int, payload: list[Any]) -> None:
         with self.lock:
@@ -373,7 +390,12 @@ class Scheduler:
     def _note_time(self, micros: int) -> None:
         seconds = micros / 1e6
         self.avg_chunk = seconds if self.avg_chunk is None else 0.8 * self.avg_chunk + 0.2 * seconds
-        self.prefetch = max(2, min(MAX_PREFETCH, 1 + int(0.0005 / max(self.avg_chunk, 1e-6))))
+        if self.avg_chunk >= LONG_CHUNK:
+            # A round trip is small next to the chunk: pull one at a time, as
+            # multiprocessing's workers do, so nothing waits behind a running chunk.
+            self.prefetch = 1
+        else:
+            self.prefetch = max(2, min(MAX_PREFETCH, 1 + int(0.0005 / max(self.avg_chunk, 1e-6))))
 
     # ------------------------------------------------------------------ the dispatcher thread
     def _serve(self) -> None:

@@ -93,6 +93,7 @@ class _Inbox:
         self.running_since = 0.0  # when the current chunk started; 0 while idle
         self.polling = False  # the poller owns the socket (it is in, or about to enter, a receive)
         self.busy = threading.Event()
+        self.typical = 0.0  # moving average of chunk durations
 
     def file(self, messages: list[tuple[int, list[Any]]]) -> None:
         """Take in one frame's messages (either thread)."""
@@ -119,6 +120,15 @@ class _Inbox:
         if give_back is not None:
             self.channel.send([(P.RETURNED, [P.ids(give_back)])])
 
+    def poll_after(self) -> float:
+        """How long a chunk runs before the poller takes over the socket: longer than
+        :data:`POLL_AFTER` and than a few typical chunks, so that only an unusually
+        long chunk (the one others may be waiting behind) pays for a second thread."""
+        return max(POLL_AFTER, POLL_SLOW_FACTOR * self.typical)
+
+    def note_duration(self, seconds: float) -> None:
+        self.typical = seconds if not self.typical else 0.8 * self.typical + 0.2 * seconds
+
     def started_chunk(self, when: float) -> None:
         with self.lock:
             self.running_since = when
@@ -137,7 +147,7 @@ class _Inbox:
                 if not started:
                     self.busy.clear()
                     continue
-            wait = POLL_AFTER - (time.perf_counter() - started)
+            wait = self.poll_after() - (time.perf_counter() - started)
             if wait > 0:
                 time.sleep(wait)
                 continue
@@ -170,8 +180,10 @@ class _Inbox:
             return not (self.tasks or self.stopping)
 
 
-#: A chunk running longer than this gets the poller (shorter ones answer at their end).
-POLL_AFTER = 0.02
+#: A chunk running longer than this (and than POLL_SLOW_FACTOR typical chunks) gets the
+#: poller; shorter ones answer STEAL and STOP at their end.
+POLL_AFTER = 0.05
+POLL_SLOW_FACTOR = 4.0
 #: The poller's receive timeout: how often it checks whether the chunk ended.
 POLL_BLOCK = 0.2
 
@@ -242,6 +254,7 @@ def run_worker(address: str, wid: int, initializer: Callable[..., Any] | None,
             ok, value = False, _wrap_exception(exc)
         inbox.finished_chunk()
         elapsed = time.perf_counter() - start
+        inbox.note_duration(elapsed)
         ok, parts = _encode(serializer, ok, value)
         if not outbox:
             first_buffered = time.perf_counter()
