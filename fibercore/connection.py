@@ -46,6 +46,21 @@ class _PipeHome:
         self.closed_sides: set[int] = set()
         self.users = 2
         self.lock = threading.Lock()
+        self.arrived = threading.Condition(self.lock)  # a message was delivered in memory
+        self.ends: list[weakref.ref[Connection] | None] = [None, None]
+        # An end is (or may be) used by another process: someone dialled in, or this
+        # process forked. Then every message goes over the network.
+        self.shared = False
+        self.channel.on_peer_event(self._peer_event)
+
+    def _peer_event(self, peer: Any, added: bool) -> None:
+        if added:
+            self.mark_shared()
+
+    def mark_shared(self) -> None:
+        with self.arrived:
+            self.shared = True
+            self.arrived.notify_all()
 
     def release(self) -> None:
         with self.lock:
@@ -115,10 +130,34 @@ class Connection:
         if not added:
             self._eof = True
 
+    def _local_peer(self) -> tuple[_PipeHome, Connection] | None:
+        """The other end while both ends are here, in the creator, and neither was sent
+        away: then messages go from one to the other in memory (as fast as an OS pipe,
+        and readable at once, as multiprocessing's are)."""
+        if self._pickled or self._channel is not None or os.getpid() != self._creator_pid:
+            return None
+        home = _homes.get(self._pipe_id)
+        if home is None or home.shared:
+            return None
+        ref = home.ends[1 - self._side]
+        peer = ref() if ref is not None else None
+        if peer is None or peer._pickled or peer._channel is not None:
+            return None
+        return home, peer
+
     def _send(self, op: int, parts: list[Any]) -> None:
         self._check_closed()
         if not self._writable:
             raise OSError("connection is read-only")
+        local = self._local_peer() if self._sender is None else None
+        if local is not None:
+            home, peer = local
+            if peer._closed:
+                raise BrokenPipeError("the other end of the pipe is closed")
+            with home.arrived:
+                peer._inbox.append((op, [bytes(p) if isinstance(p, memoryview) else p for p in parts]))
+                home.arrived.notify_all()
+            return
         if self._sender is None or self._pid != os.getpid():
             channel = self._connect()
             with self._lock:
@@ -141,8 +180,23 @@ class Connection:
             raise OSError("connection is write-only")
         if self._inbox:
             return self._inbox.popleft()
-        channel = self._connect()
         deadline = None if timeout is None else time.monotonic() + timeout
+        local = self._local_peer()
+        while local is not None:
+            home, peer = local
+            with home.arrived:
+                if self._inbox:
+                    return self._inbox.popleft()
+                if peer._closed:
+                    raise EOFError("the other end of the pipe is closed")
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise TransportTimeout("no message within the timeout")
+                home.arrived.wait(0.1 if remaining is None else min(0.1, remaining))
+            local = self._local_peer()  # the other end may have been sent away meanwhile
+        if self._inbox:
+            return self._inbox.popleft()
+        channel = self._connect()
         while not self._inbox:
             step = 0.5 if deadline is None else min(0.5, max(0.0, deadline - time.monotonic()))
             if not self._eof and os.getpid() == self._creator_pid:
@@ -246,6 +300,7 @@ class Connection:
             return
         if self._pid != os.getpid():
             self._forked()
+        local = self._local_peer()
         if self._sender is not None:
             try:
                 self._sender.put((CLOSE, []))
@@ -258,6 +313,9 @@ class Connection:
             except Exception:
                 pass
         self._closed = True
+        if local is not None:  # a reader of the other end, here, learns of the EOF now
+            with local[0].arrived:
+                local[0].arrived.notify_all()
         if self._channel is not None and not self._owns_home:
             self._channel.close()
         home = _homes.get(self._pipe_id) if os.getpid() == self._creator_pid else None
@@ -278,12 +336,29 @@ class Connection:
         self.close()
 
     def __reduce__(self) -> Any:
+        local = self._local_peer()
         self._pickled = True
+        if local is not None and self._inbox:
+            # Sent to this end in memory but not read: the copy being made must get them,
+            # so the other end sends them again, over the network, before anything else.
+            _home, peer = local
+            pending, self._inbox = list(self._inbox), deque()
+            for op, parts in pending:
+                peer._send(op, parts)
         return (_rebuild, (self._pipe_id, self._address, self._creator_pid, self._readable,
                            self._writable, self._side, credentials_for_child()))
 
     def __repr__(self) -> str:
         return f"<fibercore Connection {self._address} {'closed' if self._closed else 'open'}>"
+
+
+def _forking() -> None:
+    """A forked child may use either end of every pipe that exists now."""
+    for home in list(_homes.values()):
+        home.shared = True
+
+
+os.register_at_fork(before=_forking)
 
 
 def _peer_gone(ref: weakref.ref[Connection]) -> bool:
@@ -303,10 +378,13 @@ def Pipe(duplex: bool = True) -> tuple[Connection, Connection]:
     _homes[home.id] = home
     pid = os.getpid()
     if duplex:
-        return (Connection(home.id, home.address, pid, side=0),
+        ends = (Connection(home.id, home.address, pid, side=0),
                 Connection(home.id, home.address, pid, side=1))
-    return (Connection(home.id, home.address, pid, writable=False, side=0),
-            Connection(home.id, home.address, pid, readable=False, side=1))
+    else:
+        ends = (Connection(home.id, home.address, pid, writable=False, side=0),
+                Connection(home.id, home.address, pid, readable=False, side=1))
+    home.ends = [weakref.ref(ends[0]), weakref.ref(ends[1])]
+    return ends
 
 
 def wait(object_list: list[Any], timeout: float | None = None) -> list[Any]:

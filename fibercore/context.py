@@ -105,11 +105,12 @@ class FiberContext:
         """Nothing to do: workers never re-run the main script."""
 
     @staticmethod
-    def set_executable(executable: str) -> None:
-        """Use ``executable`` as the workers' Python (same as config ``python_exe``)."""
+    def set_executable(executable: str | bytes | os.PathLike[str] | os.PathLike[bytes]) -> None:
+        """Use ``executable`` as the workers' Python (same as config ``python_exe``); a str,
+        bytes or path, as multiprocessing accepts."""
         from fibercore.runtime import init
 
-        init(python_exe=executable)
+        init(python_exe=os.fsdecode(executable))
 
     @staticmethod
     def allow_connection_pickling() -> None:

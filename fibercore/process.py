@@ -86,6 +86,9 @@ class Process:
         _cleanup()
         _install_exit_handlers()
         self._popen = JobPopen(self)
+        # As multiprocessing (bpo-30775): the job has its own copy; keeping the target
+        # here would keep alive whatever it refers to, maybe this process object.
+        del self._target, self._args, self._kwargs
         with _children_lock:
             _children.add(self)
 

@@ -37,7 +37,7 @@ from collections import deque
 from collections.abc import Hashable
 from typing import Any
 
-from fibercore.errors import TransportClosed, TransportTimeout
+from fibercore.errors import SerializationError, TransportClosed, TransportTimeout
 from fibercore.lifetime import flush_in_multiprocessing_children
 from fibercore.runtime import adopt_credentials, credentials_for_child, get_runtime
 from fibercore.serialization import dumps_or_explain
@@ -469,7 +469,15 @@ class Queue:
     # -- the multiprocessing API ------------------------------------------------------------------
     def put(self, obj: Any, block: bool = True, timeout: float | None = None) -> None:
         self._check_closed()
-        parts = self._dumps(obj)
+        try:
+            parts = self._dumps(obj)
+        except SerializationError:
+            # As multiprocessing's feeder thread: the object is dropped, the error printed,
+            # and the queue keeps working (put() itself does not raise there).
+            import traceback
+
+            traceback.print_exc()
+            return
         broker = self._local()
         if broker is not None:
             broker.put_local(parts, block, timeout)

@@ -19,6 +19,8 @@ import time
 
 EXIT_MASTER_GONE = 75
 EXIT_BOOTSTRAP_FAILED = 76
+#: Seconds a worker lives on after its master's connection closed.
+ORPHAN_GRACE = 1.0
 
 
 def _die(message: str, code: int) -> None:
@@ -111,8 +113,11 @@ def main() -> int:
 
     def on_peer(peer: object, added: bool) -> None:
         if not added and not finishing.is_set():
-            connected.clear()
-            _die(f"the connection to the master at {address} closed; exiting", EXIT_MASTER_GONE)
+            connected.clear()  # parent_process().is_alive() is False from now on
+            # A moment's grace, as a multiprocessing child outlives its parent: code that
+            # watches parent_process() may still report; then no orphan is left.
+            threading.Timer(ORPHAN_GRACE, _die, (f"the connection to the master at {address} "
+                                                 "closed; exiting", EXIT_MASTER_GONE)).start()
 
     channel.on_peer_event(on_peer)
 
@@ -134,6 +139,9 @@ def main() -> int:
     process_obj = rt.serializer.loads(prep_parts[1:])
     parent = _process._ParentProcess(prep["parent_name"], prep["parent_pid"], prep["parent_host"],
                                      connected.is_set)
+    import multiprocessing.process
+
+    multiprocessing.process._parent_process = parent  # multiprocessing.parent_process() too
     rt.plugins.worker_start(rt.config)
     exitcode = process_obj._bootstrap(parent)
     finishing.set()

@@ -61,3 +61,7 @@ def get_one_then_sleep(q: Any, done: Any) -> None:
     q.get(timeout=60)
     done.put("got one")
     time.sleep(120)
+
+
+def pipe_forward(conn: Any, out: Any, n: int) -> None:
+    out.put([conn.recv() for _ in range(n)])

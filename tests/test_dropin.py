@@ -391,3 +391,22 @@ def test_program_written_for_the_original_fiber(tmp_path):
     """, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == ["1.0 60.0", "True [0, 1, 4, 9]", "from a job", "Ring AsyncManager True"]
+
+
+def test_pipe_ends_in_one_process_and_data_sent_before_the_child_exists():
+    """Both ends here: readable at once (as an OS pipe); what was sent before the other end
+    went to a child reaches the child."""
+    from tests import helpers
+
+    a, b = mp.Pipe()
+    assert a.poll() is False
+    b.send_bytes(b"")
+    assert a.poll() is True and a.recv_bytes() == b""
+    a.send([1, 2])
+    a.send("three")
+    out = mp.Queue()
+    p = mp.Process(target=helpers.pipe_forward, args=(b, out, 2))
+    p.start()
+    assert out.get(timeout=30) == [[1, 2], "three"]
+    p.join(30)
+    assert p.exitcode == 0

@@ -104,10 +104,15 @@ def test_unpicklable_argument_is_named():
     assert "argument 1" in msg and "lock" in msg.lower() and p.name in msg
 
 
-def test_unpicklable_queue_item_is_named():
+def test_unpicklable_queue_item_is_named(capsys):
+    """As multiprocessing's feeder: put() does not raise, the error (naming the item and
+    the fix) is printed, the item is dropped and the queue keeps working."""
     q = fibercore.Queue()
-    with pytest.raises(SerializationError, match="through a Queue"):
-        q.put(threading.Lock())
+    q.put(threading.Lock())
+    q.put("next")
+    assert q.get(timeout=10) == "next"
+    err = capsys.readouterr().err
+    assert "SerializationError" in err and "through a Queue" in err and "lock" in err
 
 
 def test_fiber_serializer_hook_resolved_once():
