@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import pickle
 import threading
 import time
 import uuid
@@ -71,6 +72,43 @@ class _PipeHome:
         self.channel.close()
 
 
+class _Ready:
+    """A pipe whose read end is readable while a flag is set (a connection's fileno())."""
+
+    def __init__(self) -> None:
+        self.r, self._w = os.pipe()
+        os.set_blocking(self.r, False)
+        os.set_blocking(self._w, False)
+        self._set = False
+        self._lock = threading.Lock()
+
+    def set(self) -> None:
+        with self._lock:
+            if not self._set:
+                try:
+                    os.write(self._w, b"!")
+                    self._set = True
+                except OSError:  # closed
+                    pass
+
+    def clear(self) -> None:
+        with self._lock:
+            if self._set:
+                try:
+                    os.read(self.r, 64)
+                except OSError:
+                    pass
+                self._set = False
+
+    def close(self) -> None:
+        with self._lock:
+            for fd in (self.r, self._w):
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+
+
 class Connection:
     """One end of a Pipe (the ``multiprocessing.connection.Connection`` API)."""
 
@@ -91,6 +129,10 @@ class Connection:
         self._closed = False
         self._lock = threading.Lock()
         self._pid = os.getpid()
+        self._ready: _Ready | None = None  # the descriptor fileno() returns
+        self._watcher: threading.Thread | None = None
+        self._filed = threading.Condition()
+        self._at_eof = False
         _open.add(self)
 
     # -- connecting --------------------------------------------------------------------
@@ -101,6 +143,7 @@ class Connection:
         self._channel = None
         self._sender = None
         self._owns_home = False
+        self._ready, self._watcher, self._filed = None, None, threading.Condition()
 
     def _connect(self) -> Channel:
         if self._closed:
@@ -157,6 +200,8 @@ class Connection:
             with home.arrived:
                 peer._inbox.append((op, [bytes(p) if isinstance(p, memoryview) else p for p in parts]))
                 home.arrived.notify_all()
+            if peer._ready is not None:
+                peer._ready.set()
             return
         if self._sender is None or self._pid != os.getpid():
             channel = self._connect()
@@ -173,20 +218,27 @@ class Connection:
         except TransportClosed as exc:
             raise BrokenPipeError(f"the other end of the pipe {self._address} is gone: {exc}") from None
 
+    def _take(self) -> tuple[int, list[Any]]:
+        """Pop the next message; the readiness descriptor stays readable while more wait."""
+        msg = self._inbox.popleft()
+        if not self._inbox and self._ready is not None and not self._at_eof:
+            self._ready.clear()
+        return msg
+
     def _next(self, timeout: float | None) -> tuple[int, list[Any]]:
         """Next message; raises TransportTimeout after ``timeout``, EOFError at the end."""
         self._check_closed()
         if not self._readable:
             raise OSError("connection is write-only")
         if self._inbox:
-            return self._inbox.popleft()
+            return self._take()
         deadline = None if timeout is None else time.monotonic() + timeout
         local = self._local_peer()
         while local is not None:
             home, peer = local
             with home.arrived:
                 if self._inbox:
-                    return self._inbox.popleft()
+                    return self._take()
                 if peer._closed:
                     raise EOFError("the other end of the pipe is closed")
                 remaining = None if deadline is None else deadline - time.monotonic()
@@ -195,32 +247,76 @@ class Connection:
                 home.arrived.wait(0.1 if remaining is None else min(0.1, remaining))
             local = self._local_peer()  # the other end may have been sent away meanwhile
         if self._inbox:
-            return self._inbox.popleft()
+            return self._take()
+        if self._watcher is not None:  # a thread receives for this end (fileno() was used)
+            with self._filed:
+                while not self._inbox:
+                    if self._at_eof:
+                        raise EOFError("the other end of the pipe is closed")
+                    remaining = None if deadline is None else deadline - time.monotonic()
+                    if remaining is not None and remaining <= 0:
+                        raise TransportTimeout("no message within the timeout")
+                    self._filed.wait(0.5 if remaining is None else min(0.5, remaining))
+                return self._take()
         channel = self._connect()
         while not self._inbox:
-            step = 0.5 if deadline is None else min(0.5, max(0.0, deadline - time.monotonic()))
-            if not self._eof and os.getpid() == self._creator_pid:
-                home = _homes.get(self._pipe_id)
-                if home is not None and (1 - self._side) in home.closed_sides:
-                    self._eof = True  # the other end was closed here without ever connecting
+            self._pull(channel, deadline)
+        return self._take()
+
+    def _pull(self, channel: Channel, deadline: float | None, step: float = 0.5) -> None:
+        """Receive one frame into the inbox; EOFError at the end, TransportTimeout after ``deadline``."""
+        if deadline is not None:
+            step = min(step, max(0.0, deadline - time.monotonic()))
+        if not self._eof and os.getpid() == self._creator_pid:
+            home = _homes.get(self._pipe_id)
+            if home is not None and (1 - self._side) in home.closed_sides:
+                self._eof = True  # the other end was closed here without ever connecting
+        if self._eof:
+            step = 0.2  # drain frames still in flight when the peer left, then stop
+        try:
+            messages, _ = channel.recv(step)
+        except TransportTimeout:
             if self._eof:
-                step = 0.2  # drain frames still in flight when the peer left, then stop
-            try:
-                messages, _ = channel.recv(step)
-            except TransportTimeout:
-                if self._eof:
-                    raise EOFError("the other end of the pipe is closed") from None
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise
+                self._set_eof()
+                raise EOFError("the other end of the pipe is closed") from None
+            if deadline is not None and time.monotonic() >= deadline:
+                raise
+            return
+        except TransportClosed:
+            self._set_eof()
+            raise EOFError("the pipe was closed") from None
+        for op, parts in messages:
+            if op == CLOSE:
+                self._eof = True
+            else:
+                self._inbox.append((op, parts))
+        if self._inbox and self._ready is not None:
+            self._ready.set()
+
+    def _set_eof(self) -> None:
+        self._at_eof = True
+        if self._ready is not None:
+            self._ready.set()  # as a pipe at EOF: readable, and recv() raises EOFError
+
+    def _watch(self) -> None:
+        """The receiving thread of an end whose fileno() is used (select/selectors/wait)."""
+        while not self._closed:
+            local = self._local_peer()
+            if local is not None:  # in memory: senders signal the descriptor themselves
+                with local[0].arrived:
+                    local[0].arrived.wait(0.2)
                 continue
-            except TransportClosed:
-                raise EOFError("the pipe was closed") from None
-            for op, parts in messages:
-                if op == CLOSE:
-                    self._eof = True
-                else:
-                    self._inbox.append((op, parts))
-        return self._inbox.popleft()
+            try:
+                self._pull(self._connect(), None, 0.2)
+            except EOFError:
+                with self._filed:
+                    self._filed.notify_all()
+                return
+            except Exception:  # closed meanwhile
+                return
+            if self._inbox:
+                with self._filed:
+                    self._filed.notify_all()
 
     # -- the multiprocessing API ----------------------------------------------------------
     def send(self, obj: Any) -> None:
@@ -230,8 +326,8 @@ class Connection:
     def recv(self) -> Any:
         """Receive an object sent with send(); EOFError when the other end is closed."""
         op, parts = self._next(None)
-        if op == BYTES:
-            return bytes(parts[0])
+        if op == BYTES:  # as multiprocessing: recv() unpickles whatever bytes arrive
+            return get_runtime().serializer.loads([parts[0]])
         return get_runtime().serializer.loads(parts)
 
     def send_bytes(self, buf: Any, offset: int = 0, size: int | None = None) -> None:
@@ -248,7 +344,10 @@ class Connection:
         if maxlength is not None and maxlength < 0:
             raise ValueError("negative maxlength")
         op, parts = self._next(None)
-        data = bytes(parts[0]) if op == BYTES else b"".join(bytes(p) for p in parts)
+        if op == BYTES or len(parts) == 1:
+            data = bytes(parts[0])  # for an object: its pickle, as multiprocessing's recv_bytes()
+        else:  # a pickle with out-of-band buffers: the same object as one in-band pickle
+            data = pickle.dumps(get_runtime().serializer.loads(parts), protocol=5)
         if maxlength is not None and len(data) > maxlength:
             raise OSError("bad message length")
         return data
@@ -274,10 +373,25 @@ class Connection:
         except EOFError:
             return True  # as multiprocessing: readable at EOF, recv() raises
         self._inbox.appendleft(msg)
+        if self._ready is not None:
+            self._ready.set()
         return True
 
     def fileno(self) -> int:
-        raise OSError("fibercore connections have no file descriptor; use poll() or fibercore.connection.wait()")
+        """A descriptor that is readable while a message (or the end of the pipe) waits, for
+        ``select``, ``selectors`` and ``multiprocessing.connection.wait``; using it starts
+        a thread that receives for this end."""
+        self._check_closed()
+        with self._lock:
+            if self._ready is None:
+                self._ready = _Ready()
+                if self._inbox or self._at_eof:
+                    self._ready.set()
+                if self._readable:
+                    self._watcher = threading.Thread(target=self._watch, name=f"fiber-pipe-{self._pipe_id[:8]}-watch",
+                                                     daemon=True)
+                    self._watcher.start()
+        return self._ready.r
 
     @property
     def closed(self) -> bool:
@@ -316,6 +430,10 @@ class Connection:
         if local is not None:  # a reader of the other end, here, learns of the EOF now
             with local[0].arrived:
                 local[0].arrived.notify_all()
+            if local[1]._ready is not None:
+                local[1]._ready.set()
+        if self._ready is not None:
+            self._ready.close()
         if self._channel is not None and not self._owns_home:
             self._channel.close()
         home = _homes.get(self._pipe_id) if os.getpid() == self._creator_pid else None

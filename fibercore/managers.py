@@ -25,6 +25,7 @@ import array
 import functools
 import itertools
 import logging
+import multiprocessing.managers
 import os
 import queue
 import struct
@@ -52,8 +53,9 @@ RETURN, ERROR, PROXY = 0, 1, 2
 _HEAD = struct.Struct("<QQ")  # request id, object id
 
 
-class RemoteError(ProcessError):
-    """An exception raised in the manager server that could not be sent as itself."""
+class RemoteError(ProcessError, multiprocessing.managers.RemoteError):
+    """An error in the manager server: a method the proxy does not expose, or an exception
+    that could not be sent as itself (``multiprocessing.managers.RemoteError`` too)."""
 
 
 class Token:
@@ -184,7 +186,13 @@ class _Server:
                 self._reply(peer, req, RETURN, obj)
                 return
             if name not in exposed:
-                raise AttributeError(f"method {name!r} of {type(obj)!r} object is not in the list of allowed methods")
+                if name in ("__str__", "__repr__"):  # always allowed, as multiprocessing's fallbacks
+                    self._reply(peer, req, RETURN, str(obj) if name == "__str__" else repr(obj))
+                    return
+                raise RemoteError(
+                    f"method {name!r} of {type(obj).__name__!r} object is not in the list of allowed "
+                    f"methods of its proxy (exposed: {', '.join(exposed) or 'none'}); register the "
+                    "type with exposed=(...) to allow it\n")
             result = getattr(obj, name)(*args, **kwds)
         except Exception as exc:
             self._reply(peer, req, ERROR, _wrap(exc))
@@ -381,6 +389,7 @@ class BaseProxy:
                  exposed: Sequence[str] | None = None, incref: bool = True, manager_owned: bool = False) -> None:
         self._token = token
         self._id = token.id
+        self._serializer = serializer
         self._key = bytes(authkey) if authkey is not None else None
         self._manager = manager
         self._exposed = tuple(exposed) if exposed is not None else None
@@ -400,7 +409,10 @@ class BaseProxy:
         """Call ``methodname`` on the shared object; the result, or a handle when asynchronous."""
         if self._client.pid != os.getpid():  # in a forked child: its own connection and reference
             self._connect(incref=True)
-        future = self._client.request(CALL, self._id, (methodname, tuple(args), dict(kwds or {})))
+        args, kwds = tuple(args), dict(kwds or {})
+        if self._serializer == "xmlrpclib":
+            args, kwds = tuple(_xmlrpc_trip(list(args))), _xmlrpc_trip(kwds)
+        future = self._client.request(CALL, self._id, (methodname, args, kwds))
         future._convert = self._convert
         if self._asynchronous:
             return future
@@ -409,10 +421,11 @@ class BaseProxy:
     def _convert(self, answer: tuple[int, Any]) -> Any:
         kind, value = answer
         if kind != PROXY:
-            return value
+            return _xmlrpc_trip(value) if self._serializer == "xmlrpclib" else value
         typeid, ident, exposed, proxytype = value
         token = Token(typeid, self._token.address, ident)
-        proxy = (proxytype or AutoProxy)(token, manager=self._manager, authkey=self._key, exposed=exposed)
+        proxy = (proxytype or AutoProxy)(token, serializer=self._serializer, manager=self._manager,
+                                         authkey=self._key, exposed=exposed)
         proxy._asynchronous = self._asynchronous
         return proxy
 
@@ -426,7 +439,8 @@ class BaseProxy:
             self._connect(incref=True)
         self._client.request(INCREF, self._id).get()
         key = self._key if self._key != get_runtime().secret else None
-        return (_rebuild_proxy, (type(self), self._token, key, self._exposed, credentials_for_child()))
+        return (_rebuild_proxy, (type(self), self._token, key, self._exposed, credentials_for_child(),
+                                 self._serializer))
 
     def __deepcopy__(self, memo: Any) -> Any:
         return self._getvalue()
@@ -450,9 +464,21 @@ def _decref(client: _Client, ident: int) -> None:
 
 
 def _rebuild_proxy(cls: type[BaseProxy], token: Token, key: bytes | None, exposed: Any,
-                   credentials: tuple[str, bytes] | None = None) -> BaseProxy:
+                   credentials: tuple[str, bytes] | None = None, serializer: str = "fiber") -> BaseProxy:
     adopt_credentials(credentials)
-    return cls(token, authkey=key, exposed=exposed, incref=False)
+    return cls(token, serializer=serializer, authkey=key, exposed=exposed, incref=False)
+
+
+SERIALIZERS = ("fiber", "pickle", "xmlrpclib")
+
+
+def _xmlrpc_trip(value: Any) -> Any:
+    """What ``value`` becomes through XML-RPC, as with multiprocessing's ``serializer="xmlrpclib"``
+    (tuples arrive as lists; only XML-RPC's types pass)."""
+    import xmlrpc.client
+
+    params, _ = xmlrpc.client.loads(xmlrpc.client.dumps((value,), allow_none=True), use_builtin_types=True)
+    return params[0]
 
 
 def MakeProxyType(name: str, exposed: Sequence[str], _cache: dict[Any, type] = {}) -> type:  # noqa: B006, N802
@@ -480,8 +506,8 @@ def AutoProxy(token: Token, serializer: str = "fiber", manager: Any = None, auth
     if exposed is None:
         exposed = ()
     proxytype = MakeProxyType(f"AutoProxy[{token.typeid}]", exposed)
-    return proxytype(token, manager=manager, authkey=authkey, exposed=exposed, incref=incref,
-                     manager_owned=manager_owned)
+    return proxytype(token, serializer=serializer, manager=manager, authkey=authkey, exposed=exposed,
+                     incref=incref, manager_owned=manager_owned)
 
 
 class IteratorProxy(BaseProxy):
@@ -596,6 +622,10 @@ class BaseManager:
 
     def __init__(self, address: str | None = None, authkey: bytes | None = None, serializer: str = "fiber",
                  ctx: Any = None, *, shutdown_timeout: float = 1.0) -> None:
+        if serializer not in SERIALIZERS:
+            raise ValueError(f"unknown serializer {serializer!r}: use one of {', '.join(SERIALIZERS)} "
+                             "('pickle' and 'fiber' are the same: cloudpickle)")
+        self._serializer = serializer
         self._address = address
         self._authkey = bytes(authkey) if authkey is not None else None
         self._process: Any = None
@@ -703,7 +733,8 @@ class BaseManager:
         client = _client(self._address, self._authkey)  # type: ignore[arg-type]
         ident, exposed = client.request(CREATE, 0, (typeid, args, kwds)).get()
         token = Token(typeid, self._address, ident)  # type: ignore[arg-type]
-        proxy = (proxytype or AutoProxy)(token, manager=self, authkey=self._authkey, exposed=exposed)
+        proxy = (proxytype or AutoProxy)(token, serializer=self._serializer, manager=self,
+                                         authkey=self._authkey, exposed=exposed)
         if self._asynchronous:
             proxy._asynchronous = True
         return proxy

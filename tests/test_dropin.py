@@ -410,3 +410,31 @@ def test_pipe_ends_in_one_process_and_data_sent_before_the_child_exists():
     assert out.get(timeout=30) == [[1, 2], "three"]
     p.join(30)
     assert p.exitcode == 0
+
+
+def test_connection_fileno_works_with_selectors_and_mp_wait():
+    import multiprocessing.connection
+    import selectors
+
+    from tests import helpers
+
+    a, b = mp.Pipe()
+    p = mp.Process(target=helpers.pipe_bytes_echo, args=(b,))
+    p.start()
+    sel = selectors.DefaultSelector()
+    sel.register(a, selectors.EVENT_READ)
+    assert sel.select(0.2) == []
+    a.send_bytes(b"ping")
+    assert [key.fileobj for key, _ in sel.select(30)] == [a]
+    assert multiprocessing.connection.wait([a], 5) == [a]
+    assert a.recv_bytes() == b"pingping"
+    p.join(30)
+    # The child has ended: as an OS pipe at EOF, the end is readable and recv() raises.
+    assert [key.fileobj for key, _ in sel.select(10)] == [a]
+    with pytest.raises(EOFError):
+        a.recv()
+    sel.close()
+    local_a, local_b = mp.Pipe()  # both ends here: in memory, same descriptor semantics
+    assert multiprocessing.connection.wait([local_a], 0.1) == []
+    local_b.send(1)
+    assert multiprocessing.connection.wait([local_a], 5) == [local_a] and local_a.recv() == 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing
+import multiprocessing.managers
 import time
 
 import pytest
@@ -102,7 +103,7 @@ def test_custom_types_exposed_and_remote_exceptions():
         limited = m.LimitedCounter()
         assert limited.increment() == 1
         assert not hasattr(limited, "get")
-        with pytest.raises(AttributeError, match="not in the list of allowed methods"):
+        with pytest.raises(multiprocessing.managers.RemoteError, match="not in the list of allowed methods"):
             limited._callmethod("get")
 
 

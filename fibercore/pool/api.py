@@ -254,6 +254,24 @@ class Pool:
         return self._core.worker_processes()
 
     @property
+    def _pool(self) -> list[Any]:
+        """multiprocessing's introspection: the worker Process objects (alive or starting)."""
+        return self.workers()
+
+    @property
+    def _state(self) -> str:
+        """multiprocessing's state names: "RUN", "CLOSE" or "TERMINATE"."""
+        override = self.__dict__.get("_state_override")
+        if override is not None:
+            return override
+        core = self._core
+        return {RUN: "RUN", CLOSE: "CLOSE", TERMINATE: "TERMINATE"}.get(core.state if core else RUN, "RUN")
+
+    @_state.setter
+    def _state(self, value: str) -> None:  # tests of multiprocessing set it
+        self.__dict__["_state_override"] = value
+
+    @property
     def stats(self) -> dict[str, int]:
         """Counters: chunks retried after a worker died, workers replaced, chunks stolen back."""
         assert self._core is not None
@@ -302,8 +320,7 @@ class Pool:
 
     def __del__(self, _warn: Any = warnings.warn) -> None:
         # Only a warning here: the clean-up runs on the reaper thread (lifetime.track).
-        core = getattr(self, "_core", None)
-        if core is not None and core.state == RUN:
+        if getattr(self, "_core", None) is not None and self._state == "RUN":
             _warn(f"unclosed running multiprocessing pool {self!r}", ResourceWarning, source=self)
 
 

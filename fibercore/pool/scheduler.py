@@ -271,7 +271,15 @@ class Scheduler:
             index = 0
             try:
                 for items in _chunks(iterable, chunksize):
-                    payload = dumps_or_explain(self.serializer, items, f"an item of {batch.name}")
+                    try:
+                        payload = dumps_or_explain(self.serializer, items, f"an item of {batch.name}")
+                    except SerializationError as exc:  # as multiprocessing: raised by get(),
+                        original = exc.__cause__ if isinstance(exc.__cause__, Exception) else exc
+                        if original is not exc:  # the pickling error itself, with the explanation
+                            original.add_note(str(exc))
+                        self.fail_chunk_now(batch, index, original)
+                        index += 1
+                        continue
                     self.add_chunk(batch, index, payload)
                     index += 1
             except Exception as exc:

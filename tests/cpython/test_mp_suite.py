@@ -78,6 +78,45 @@ MANAGER_CLASSES = ["_TestQueue", "_TestContainers", "_TestMyManager", "_TestRemo
                    "_TestManagerRestart"]
 
 
+#: Tests that cannot apply to fibercore, with the reason (also in docs/multiprocessing-compat.md).
+NOT_APPLICABLE: dict[str, str] = {
+    "_TestConnection.test_fd_transfer": "passes an OS file descriptor to the other process "
+        "(SCM_RIGHTS): a job on another machine has no access to this machine's descriptors",
+    "_TestConnection.test_large_fd_transfer": "passes an OS file descriptor (see test_fd_transfer)",
+    "_TestConnection.test_missing_fd_transfer": "passes an OS file descriptor (see test_fd_transfer)",
+    "_TestPoll.test_boundaries": "reads one end of a Pipe from two processes (an OS pipe is one "
+        "buffer they share); a fibercore Pipe connects two processes: use a Queue for several readers",
+    "_TestProcess.test_recursion": "writes to one end of a Pipe from several processes at once (an "
+        "OS pipe takes any number of writers); a fibercore Pipe connects two processes: use a Queue",
+    "_TestProcess.test_parent_process": "a job that receives SIGTERM stops its own jobs at once, so "
+        "that nothing is left running on a cluster; multiprocessing's grandchild outlives its parent",
+    "_TestManagerRestart.test_rapid_restart": "get_server() serves in this process and restarts on "
+        "a fixed address; fibercore's manager server is a job (start()), see the compat page",
+}
+
+
+def _manager_like(cls: type) -> type:
+    """A fibercore BaseManager subclass with the same registrations as ``cls`` (a manager
+    class the CPython tests define on multiprocessing's BaseManager at module level), so that
+    the tests of custom and remote managers exercise fibercore, not multiprocessing."""
+    from fibercore.managers import AutoProxy, BaseManager, BaseProxy
+
+    twin = type(cls.__name__, (BaseManager,), {"__module__": __name__})
+    for typeid, (callable_, exposed, method_to_typeid, proxytype) in cls._registry.items():
+        if proxytype is not None and proxytype.__module__ == T.__name__:
+            proxytype = type(proxytype.__name__, (BaseProxy,), {
+                k: v for k, v in vars(proxytype).items() if k not in ("__dict__", "__weakref__")})
+        elif proxytype is not None and proxytype.__module__.startswith("multiprocessing"):
+            proxytype = AutoProxy
+        twin.register(typeid, callable_, proxytype, exposed, method_to_typeid,
+                      create_method=hasattr(cls, typeid))
+    return twin
+
+
+for _name in ("MyManager", "QueueManager", "QueueManager2"):
+    setattr(T, _name, _manager_like(getattr(T, _name)))
+
+
 def build(namespace: dict) -> None:
     """Put the combined test classes into ``namespace`` (a test module's globals)."""
     for type_, names, mixin in (("processes", PROCESS_CLASSES, FiberProcessesMixin),
@@ -87,7 +126,10 @@ def build(namespace: dict) -> None:
             if type_ not in base.ALLOWED_TYPES:
                 continue
             newname = "With" + type_.capitalize() + name[1:]
-            cls = type(newname, (base, mixin, unittest.TestCase), {"__module__": namespace["__name__"]})
+            skips = {test: unittest.skip(f"not applicable to fibercore: {why}")(getattr(base, test))
+                     for key, why in NOT_APPLICABLE.items()
+                     for cls_name, test in [key.split(".")] if cls_name == name and hasattr(base, test)}
+            cls = type(newname, (base, mixin, unittest.TestCase), {"__module__": namespace["__name__"], **skips})
             cls.__qualname__ = newname
             namespace[newname] = cls
 
