@@ -101,6 +101,9 @@ ENV_SWITCHES = frozenset(
         "FIBER_CONFIG_FILE",
         "FIBER_PLUGIN_MODULES",
         "FIBER_MASTER_PYTHON",
+        # The checkout's scripts (scripts/run, scripts/test):
+        "FIBER_VENV",
+        "FIBER_SKIP_K8S_BUILD",
     }
 )
 
