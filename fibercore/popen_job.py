@@ -150,7 +150,8 @@ class JobPopen:
         logs = rt.plugins.job_logs(self.job)
         return JobStartError(
             f"{self.spec.name} failed to start on backend {rt.backend!r}: {what}.\n"
-            f"  job: {self.job.jid} (status {status.value})\n"
+            f"  job: {self.job.jid} (status {status.value}), session {rt.session} "
+            f"(`fiber cleanup --session {rt.session}` stops its jobs)\n"
             f"  command: {' '.join(self.spec.command)}\n"
             f"  likely causes: the worker's Python cannot import fibercore (image or "
             f"python_exe), the job cannot reach {self._hub.address} (listen_host), or the "

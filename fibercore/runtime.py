@@ -135,6 +135,8 @@ def build(init_values: dict[str, Any] | None = None) -> Runtime:
         (session, secret), is_worker = _adopted, False
     else:
         session, secret, is_worker = secrets.token_hex(6), secrets.token_bytes(32), False
+        log.info("fibercore session %s (its jobs carry the label fiber-session=%s; "
+                 "`fiber cleanup --session %s` stops them)", session, session, session)
         # Children started through this process's own subprocesses share the session.
     return Runtime(cfg, plugins, session, secret, is_worker)
 

@@ -733,7 +733,7 @@ class Scheduler:
                     f"lost: its worker {w.name} ({self._job_name(w)}) died ({why}; "
                     f"{_describe_exit(w.exitcode)}), and it had already been retried {self.retries} "
                     f"time(s) on fresh workers (max_task_retries={self.retries}). "
-                    f"{_likely_cause(w.exitcode)}\n  last worker's logs:\n{logs}"
+                    f"{_likely_cause(w.exitcode)}\n  session: {self.rt.session}\n  last worker's logs:\n{logs}"
                 )
                 self._fail(chunk, err)
 
