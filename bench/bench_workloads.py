@@ -11,8 +11,8 @@ Sections (ratio = time of the library / time of multiprocessing spawn; target â‰
         simulators are (each evaluation ~4 ms of numpy and Python), ``pool.map`` per ask
 
 What users time is the task running inside a worker: the pools are created and warmed
-up once per library, then generations are timed; rounds interleave the libraries so
-that a noisy neighbour hurts all of them alike. Workers: 2 (this machine has 2 cores).
+up once per library, then generations are timed; rounds interleave the libraries (each
+goes first in turn) so that a noisy neighbour hurts all of them alike. Workers: 2 (this machine has 2 cores).
 The task functions live in this ``__main__`` on purpose: that is how user scripts
 are written, and it is the path that pickles functions by value.
 
@@ -140,8 +140,10 @@ def measure(rounds: int, section: str) -> dict[str, list[float]]:
                 es_generation(pool, np.zeros(OBS * ACT), 0)
             else:
                 cma_run(pool, 1)
+        names = list(pools)
         for r in range(rounds):
-            for name, pool in pools.items():
+            for name in names[r % len(names):] + names[:r % len(names)]:  # each goes first in turn
+                pool = pools[name]
                 t0 = time.perf_counter()
                 if section == "es":
                     theta = np.zeros(OBS * ACT)
