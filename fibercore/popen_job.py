@@ -161,6 +161,11 @@ class JobPopen:
             logs=logs,
         )
 
+    @property
+    def connected(self) -> bool:
+        """Whether the job's worker has connected back (and so watches this process)."""
+        return self._launch.connected.is_set()
+
     # -- the multiprocessing Popen interface ------------------------------------------
     def _record_exit(self, code: int | None) -> None:
         if code is not None and self.returncode is None:

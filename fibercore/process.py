@@ -401,13 +401,18 @@ def _exit_function() -> None:
             pass
 
 
-def _terminate_all(force: bool = True) -> None:
+def _terminate_all(force: bool = True, connected_too: bool = True) -> None:
+    """Stop this process's jobs; with ``connected_too=False`` only those whose worker never
+    connected (a pending pod would wait forever): the others stop by themselves once this
+    process's connection closes (after a grace second, see fibercore.worker)."""
     with _children_lock:
         children = list(_children)
     for p in children:
         try:
-            if p._popen is not None:
-                p._popen.kill() if force else p._popen.terminate()
+            popen = p._popen
+            if popen is None or (not connected_too and popen.connected):
+                continue
+            popen.kill() if force else popen.terminate()
         except Exception:
             pass
 
@@ -423,7 +428,12 @@ def _install_exit_handlers() -> None:
         try:
             if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
                 def on_sigterm(signum: int, frame: Any) -> None:
-                    _terminate_all(force=True)
+                    # The master stops every job at once. A job's own children outlive it
+                    # briefly, as multiprocessing's do (parent_process() turns not alive),
+                    # then leave by themselves: no orphan either way.
+                    from fibercore.runtime import get_runtime
+
+                    _terminate_all(force=True, connected_too=not get_runtime().is_worker)
                     signal.signal(signal.SIGTERM, signal.SIG_DFL)
                     os.kill(os.getpid(), signal.SIGTERM)
 

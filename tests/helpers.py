@@ -65,3 +65,18 @@ def get_one_then_sleep(q: Any, done: Any) -> None:
 
 def pipe_forward(conn: Any, out: Any, n: int) -> None:
     out.put([conn.recv() for _ in range(n)])
+
+
+def report_parent(conn: Any) -> None:
+    import multiprocessing
+
+    conn.send((os.getpid(), multiprocessing.parent_process().is_alive()))
+    multiprocessing.parent_process().join(30)
+    conn.send((os.getpid(), multiprocessing.parent_process().is_alive()))
+
+
+def start_reporter_then_wait(conn: Any) -> None:
+    import fibercore
+
+    fibercore.Process(target=report_parent, args=(conn,)).start()
+    time.sleep(300)

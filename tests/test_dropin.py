@@ -438,3 +438,26 @@ def test_connection_fileno_works_with_selectors_and_mp_wait():
     assert multiprocessing.connection.wait([local_a], 0.1) == []
     local_b.send(1)
     assert multiprocessing.connection.wait([local_a], 5) == [local_a] and local_a.recv() == 1
+
+
+def test_a_jobs_child_outlives_its_terminated_parent_briefly_then_leaves():
+    """As multiprocessing: the grandchild sees parent_process() die and can still report;
+    then it exits by itself (a dead parent leaves no orphan)."""
+    import os
+    import time
+
+    from tests import helpers
+
+    r, w = mp.Pipe(duplex=False)
+    p = mp.Process(target=helpers.start_reporter_then_wait, args=(w,))
+    p.start()
+    assert r.poll(60)
+    pid, alive = r.recv()
+    assert alive is True
+    p.terminate()
+    p.join(30)
+    assert r.poll(30) and r.recv() == (pid, False)
+    deadline = time.monotonic() + 10
+    while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not os.path.exists(f"/proc/{pid}"), "the grandchild was left running"

@@ -88,8 +88,6 @@ NOT_APPLICABLE: dict[str, str] = {
         "buffer they share); a fibercore Pipe connects two processes: use a Queue for several readers",
     "_TestProcess.test_recursion": "writes to one end of a Pipe from several processes at once (an "
         "OS pipe takes any number of writers); a fibercore Pipe connects two processes: use a Queue",
-    "_TestProcess.test_parent_process": "a job that receives SIGTERM stops its own jobs at once, so "
-        "that nothing is left running on a cluster; multiprocessing's grandchild outlives its parent",
     "_TestManagerRestart.test_rapid_restart": "get_server() serves in this process and restarts on "
         "a fixed address; fibercore's manager server is a job (start()), see the compat page",
 }
