@@ -72,6 +72,17 @@ class _PipeHome:
         self.channel.close()
 
 
+def _wait_a_step(cond: threading.Condition, deadline: float | None, ended: bool, step: float) -> None:
+    """Inside ``cond``, with nothing to read: EOFError at the end of the pipe,
+    TransportTimeout past ``deadline``, else wait up to ``step`` for a delivery."""
+    if ended:
+        raise EOFError("the other end of the pipe is closed")
+    remaining = None if deadline is None else deadline - time.monotonic()
+    if remaining is not None and remaining <= 0:
+        raise TransportTimeout("no message within the timeout")
+    cond.wait(step if remaining is None else min(step, remaining))
+
+
 class _Ready:
     """A pipe whose read end is readable while a flag is set (a connection's fileno())."""
 
@@ -239,24 +250,14 @@ class Connection:
             with home.arrived:
                 if self._inbox:
                     return self._take()
-                if peer._closed:
-                    raise EOFError("the other end of the pipe is closed")
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    raise TransportTimeout("no message within the timeout")
-                home.arrived.wait(0.1 if remaining is None else min(0.1, remaining))
+                _wait_a_step(home.arrived, deadline, ended=peer._closed, step=0.1)
             local = self._local_peer()  # the other end may have been sent away meanwhile
         if self._inbox:
             return self._take()
         if self._watcher is not None:  # a thread receives for this end (fileno() was used)
             with self._filed:
                 while not self._inbox:
-                    if self._at_eof:
-                        raise EOFError("the other end of the pipe is closed")
-                    remaining = None if deadline is None else deadline - time.monotonic()
-                    if remaining is not None and remaining <= 0:
-                        raise TransportTimeout("no message within the timeout")
-                    self._filed.wait(0.5 if remaining is None else min(0.5, remaining))
+                    _wait_a_step(self._filed, deadline, ended=self._at_eof, step=0.5)
                 return self._take()
         channel = self._connect()
         while not self._inbox:

@@ -47,10 +47,6 @@ class Handle:
     def cancel(self) -> None:
         _due.pop(self.key, None)
 
-    @property
-    def pending(self) -> bool:
-        return self.key in _due
-
 
 def track(obj: Any, cleanup: Callable[[], None], priority: int) -> Handle:
     """Run ``cleanup()`` once: when ``obj`` is collected (on the reaper thread) or at exit.

@@ -174,13 +174,18 @@ def _after_fork_in_child() -> None:
     if not _nng_used:
         return
     _nng_forked = True
+    _make_inert("close", "__del__")
+
+
+def _make_inert(*methods: str) -> None:
+    """Turn these methods of pynng's sockets and contexts into no-ops (in this process only)."""
 
     def inert(self: Any, *args: Any) -> None:
         return None
 
     for cls in (pynng.Socket, pynng.Context):
-        cls.close = inert  # type: ignore[method-assign]
-        cls.__del__ = inert  # type: ignore[attr-defined]
+        for name in methods:
+            setattr(cls, name, inert)
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -191,12 +196,7 @@ def _no_close_on_collect() -> None:
     is not closed when the interpreter collects it. nng's close waits for the pipe
     callbacks it runs into Python, and once finalisation has begun no other thread
     gets the GIL: the process hung at exit (the OS closes the descriptors anyway)."""
-
-    def inert(self: Any) -> None:
-        return None
-
-    for cls in (pynng.Socket, pynng.Context):
-        cls.__del__ = inert  # type: ignore[attr-defined]
+    _make_inert("__del__")
 
 
 class NngTransport:
