@@ -36,6 +36,7 @@ from typing import Any
 
 from fibercore.errors import TransportClosed, TransportTimeout
 from fibercore.runtime import Runtime, get_runtime
+from fibercore.wire import malformed
 
 log = logging.getLogger("fibercore.admin")
 
@@ -101,8 +102,8 @@ class AdminHub:
             for op, parts in messages:
                 try:
                     self._handle(op, parts, peer)
-                except Exception:  # a malformed but authentic message must not kill the hub
-                    log.exception("admin: bad message %s from %r", op, peer)
+                except Exception as exc:  # a malformed but authentic message must not kill the hub
+                    malformed(self.channel.address, peer, op, exc)
             now = time.monotonic()
             if now - last_ping >= self._interval:
                 last_ping = now

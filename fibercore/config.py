@@ -68,6 +68,11 @@ CORE_OPTIONS: tuple[Option, ...] = (
     Option("tls_cert_file", str, None, "PEM file with this process's certificate and key."),
     Option("tls_ca_file", str, None, "PEM file of the CA that signed every peer's certificate."),
     Option("tls_server_name", str, None, "Name expected in peers' certificates (default: none checked beyond the CA)."),
+    Option("handshake_timeout", float, 10.0, "Seconds a new connection has to authenticate before it is closed."),
+    Option("max_pending_connections", int, 64, "Unauthenticated connections an endpoint holds (the oldest is closed for a new one)."),
+    Option("max_connections", int, 4096, "Authenticated connections an endpoint accepts."),
+    Option("max_frame_size", int, 1 << 30, "Largest frame (bytes) an authenticated peer may send; bigger objects fail with a clear error."),
+    Option("queue_max_bytes", int, 256 << 20, "Bytes a queue's broker holds before put() blocks, as on a full queue."),
 )
 
 #: Keys the original fiber accepted that have no effect here (accepted, warned).
@@ -96,6 +101,7 @@ ENV_SWITCHES = frozenset(
         "FIBER_SESSION",
         "FIBER_SECRET",
         "FIBER_SECRET_FILE",
+        "FIBER_SECRET_FD",
         "FIBER_MASTER_ADDR",
         "FIBER_TOKEN",
         "FIBER_CONFIG_FILE",

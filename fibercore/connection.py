@@ -5,8 +5,10 @@ connects lazily, on first use: in the creating process the first end used takes
 the listening socket and the other dials it; in any other process an end dials.
 So the usual patterns (keep one end, pass the other to a Process; or pass both and
 close one in the child, as baselines' SubprocVecEnv does) connect the two
-processes directly, with nothing relayed. Limit: the two ends must not both be
-used in processes other than the creator.
+processes directly, with nothing relayed. Several processes may use the dialling
+end at once (the home end receives from all, and sends to the latest; EOF comes
+when the last one left). Limit: the two ends must not both be used in processes
+other than the creator.
 
 Sending is asynchronous and batched (a :class:`~fibercore.wire.Sender` thread packs
 whatever is queued into one frame), receiving is synchronous. ``close()`` flushes
@@ -181,8 +183,11 @@ class Connection:
             return self._channel
 
     def _on_peer(self, peer: Any, added: bool) -> None:
-        if not added:
-            self._eof = True
+        channel = self._channel
+        if added:
+            self._eof = False
+        elif channel is None or not channel.listening or channel.peer_count == 0:
+            self._eof = True  # the (last) process using the other end left
 
     def _local_peer(self) -> tuple[_PipeHome, Connection] | None:
         """The other end while both ends are here, in the creator, and neither was sent

@@ -200,8 +200,10 @@ def fiber_transport(config: Any) -> Transport | None:
     """Provide the transport that moves frames between processes.
 
     Called once per process by the core, which keeps the result; hot paths call the
-    transport object, never this hook. The built-in pynng transport is registered
-    ``trylast``, so any other provider replaces it.
+    transport object, never this hook. The built-in TCP transport
+    (:mod:`fibercore.builtins.tcp_transport`) is registered ``trylast``, so any
+    other provider replaces it. A transport must run the core's handshake on every
+    connection before reporting it (see :mod:`fibercore.transport`).
 
     :param config: the effective :class:`fibercore.config.Config` (TLS settings...).
     :return: an object implementing :class:`fibercore.transport.Transport`.

@@ -45,6 +45,7 @@ from fibercore.errors import (
     TransportError,
 )
 from fibercore.runtime import adopt_credentials, credentials_for_child, get_runtime
+from fibercore.wire import malformed
 
 log = logging.getLogger("fibercore.managers")
 
@@ -104,8 +105,8 @@ class _Server:
             for op, parts in messages:
                 try:
                     self._handle(op, parts, peer)
-                except Exception:
-                    log.exception("manager: bad request %s from %r", op, peer)
+                except Exception as exc:
+                    malformed(self.channel.address, peer, op, exc)
 
     def _handle(self, op: int, parts: list[Any], peer: Hashable) -> None:
         req, ident = _HEAD.unpack(parts[0])
@@ -303,6 +304,7 @@ class _Client:
     def close(self, exc: BaseException) -> None:
         self.closed = True
         self._fail_all(exc)
+        self.channel.close()
         with _clients_lock:
             for k, client in list(_clients.items()):
                 if client is self:

@@ -38,12 +38,23 @@ from fibercore.types import Job, JobSpec, JobStatus, Option
 
 log = logging.getLogger("fibercore.plugins")
 
+#: Hooks whose result is a secret: traced as "<secret>".
+_SECRET_HOOKS = frozenset({"fiber_job_secret"})
+#: Text never written by the hook tracer (the session secret, as hex and as bytes' repr).
+_REDACT: set[str] = set()
+
+
+def redact(secret: bytes) -> None:
+    """Never show ``secret`` in hook traces."""
+    _REDACT.update({secret.hex(), repr(secret)[2:-1]})
+
+
 BACKENDS_GROUP = "fiber.backends"
 PLUGINS_GROUP = "fiber.plugins"
 
 #: Built-in behaviour, registered like any other plugin (and so replaceable).
 DEFAULT_PLUGINS: tuple[str, ...] = (
-    "fibercore.builtins.nng_transport",
+    "fibercore.builtins.tcp_transport",
     "fibercore.builtins.cloudpickle_serializer",
 )
 
@@ -221,7 +232,13 @@ class Plugins:
         return self
 
     def enable_tracing(self, write: Any = None) -> None:
-        out = write or (lambda text: sys.stderr.write(text))
+        """Log every hook call and result; secrets (see :func:`redact`) never appear."""
+        raw = write or (lambda text: sys.stderr.write(text))
+
+        def out(text: str) -> None:
+            for secret in _REDACT:
+                text = text.replace(secret, "<secret>")
+            raw(text)
 
         def before(name: str, impls: Any, kwargs: dict[str, Any]) -> None:
             args = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
@@ -232,7 +249,8 @@ class Plugins:
                 result = outcome.get_result()
             except BaseException as exc:  # noqa: BLE001 - only reported
                 result = f"raised {exc!r}"
-            out(f"[fiber hook] {name} returned {result!r}\n")
+            shown = "<secret>" if name in _SECRET_HOOKS and result else repr(result)
+            out(f"[fiber hook] {name} returned {shown}\n")
 
         self._undo_trace = self.pm.add_hookcall_monitoring(before, after)
 

@@ -41,7 +41,7 @@ from fibercore.errors import SerializationError, TransportClosed, TransportTimeo
 from fibercore.lifetime import flush_in_multiprocessing_children
 from fibercore.runtime import adopt_credentials, credentials_for_child, get_runtime
 from fibercore.serialization import dumps_or_explain
-from fibercore.wire import Sender
+from fibercore.wire import Sender, malformed
 
 Empty = _stdlib_queue.Empty
 Full = _stdlib_queue.Full
@@ -233,8 +233,8 @@ class _Broker:
                 for op, parts in messages:
                     try:
                         self._handle(op, parts, peer)
-                    except (ValueError, IndexError):  # authentic but malformed: skip it
-                        continue
+                    except Exception as exc:  # authentic but malformed: counted and skipped
+                        malformed(self.address, peer, op, exc)
                 self._changed()
 
     def _handle(self, op: int, parts: list[Any], peer: Hashable) -> None:

@@ -2,8 +2,9 @@
 
 Built lazily on first use (or by :func:`init`). In the master, the session id and
 its secret are generated here; in a worker they come from the environment the
-backend delivered (``FIBER_SESSION``, ``FIBER_SECRET`` or ``FIBER_SECRET_FILE``) and
-are removed from ``os.environ`` at once, so user subprocesses do not inherit them.
+backend delivered (``FIBER_SESSION``; the secret from an inherited descriptor
+``FIBER_SECRET_FD``, a file ``FIBER_SECRET_FILE``, a backend's store, or
+``FIBER_SECRET``) and the variables are removed from ``os.environ`` at once, so user subprocesses do not inherit them.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from typing import Any
 
 from fibercore import config as _config
 from fibercore.errors import ConfigError
-from fibercore.plugins import Plugins, detect_backend
-from fibercore.wire import Channel
+from fibercore.plugins import Plugins, detect_backend, redact
+from fibercore.wire import Authenticator, Channel, Limits
 
 log = logging.getLogger("fibercore")
 
@@ -31,12 +32,14 @@ class Runtime:
         self.plugins = plugins
         self.session = session
         self.secret = secret
+        redact(secret)
         self.is_worker = is_worker
         self.transport = plugins.transport(config)
         self.serializer = plugins.serializer(config)
         if self.transport is None or self.serializer is None:  # pragma: no cover - builtins exist
             raise ConfigError("no transport or serializer plugin is registered")
         self._listen_host: str | None = None
+        self._limits: Limits | None = None
 
     @property
     def backend(self) -> str:
@@ -57,12 +60,26 @@ class Runtime:
 
         ``key`` replaces the session secret (a manager with its own ``authkey``).
         """
-        endpoint = self.transport.listen(kind, self.bind_host, self.listen_host)
-        return Channel(endpoint, key or self.secret, role="hub" if kind == "router" else None)
+        auth = Authenticator(key or self.secret, kind, self.limits)
+        endpoint = self.transport.listen(kind, self.bind_host, self.listen_host, auth=auth)
+        return Channel(endpoint, kind, listening=True)
 
     def dial(self, kind: str, address: str, key: bytes | None = None) -> Channel:
-        endpoint = self.transport.dial(kind, address)
-        return Channel(endpoint, key or self.secret, role="spoke" if kind == "router" else None)
+        """A channel connected (and authenticated) to the listening channel at ``address``."""
+        auth = Authenticator(key or self.secret, kind, self.limits)
+        return Channel(self.transport.dial(kind, address, auth=auth), kind, listening=False)
+
+    @property
+    def limits(self) -> Limits:
+        """What an unauthenticated or authenticated peer may cost an endpoint (config keys)."""
+        if self._limits is None:
+            self._limits = Limits(
+                handshake_timeout=float(self.config.get("handshake_timeout")),
+                max_pending=int(self.config.get("max_pending_connections")),
+                max_peers=int(self.config.get("max_connections")),
+                max_frame=int(self.config.get("max_frame_size")),
+            )
+        return self._limits
 
 
 _runtime: Runtime | None = None
@@ -88,11 +105,26 @@ def _setup_logging(cfg: _config.Config) -> None:
         logger.addHandler(handler)
 
 
+def _read_secret_fd(fd: int) -> dict[str, str]:
+    """``KEY=value`` lines from an inherited descriptor (the local backend's), which is then closed."""
+    chunks = []
+    try:
+        while chunk := os.read(fd, 4096):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    lines = b"".join(chunks).decode().splitlines()
+    return dict(line.split("=", 1) for line in lines if "=" in line)
+
+
 def _session_from_env(plugins: Plugins, cfg: _config.Config) -> tuple[str, bytes] | None:
     session = os.environ.get("FIBER_SESSION")
     if not session:
         return None
     secret_hex = os.environ.pop("FIBER_SECRET", None)
+    secret_fd = os.environ.pop("FIBER_SECRET_FD", None)
+    if secret_hex is None and secret_fd:
+        secret_hex = _read_secret_fd(int(secret_fd)).get("FIBER_SECRET")
     secret_file = os.environ.pop("FIBER_SECRET_FILE", None)
     if secret_hex is None and secret_file:
         with open(secret_file) as fh:

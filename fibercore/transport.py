@@ -1,22 +1,40 @@
 """The transport protocol: endpoints that move opaque frames between processes.
 
-A transport plugin (``fiber_transport`` hook) provides two kinds of endpoint:
+A transport plugin (``fiber_transport`` hook) opens two kinds of endpoint, both
+with many connections on the listening side and one on the dialling side:
 
 ``pair``
-    exactly two ends; one listens, the other dials (a Pipe).
+    a Pipe's home: the core sends to its most recent peer.
 ``router``
-    one listening end with many dialling peers; ``recv`` tells which peer sent a
-    frame and ``send(data, peer)`` answers that peer only (queue brokers, the
-    process admin channel). The dialling side sees a single peer.
+    queue brokers, pools, managers, the admin channel: ``recv`` tells which peer
+    sent a frame and ``send(parts, peer)`` answers that peer only.
 
-The transport moves bytes only. Authentication and framing are the core's job
-(:mod:`fibercore.wire`), so a third-party transport cannot weaken them.
+Contract v2 (connection authentication, DESIGN.md §4): ``listen`` and ``dial`` get
+an :class:`~fibercore.wire.handshake.Authenticator`. For every connection, the
+transport runs one of its handshakes (``auth.listener()`` on an accepted connection,
+``auth.dialer()`` on one it opened): it sends ``hs.start()`` if not None, passes
+every frame to ``hs.feed()`` and sends what it returns, closes the connection when
+``feed`` raises, and only once ``hs.session`` is set does the connection become a
+peer. The peer handle given to ``recv``, ``send_parts`` and peer callbacks is that
+:class:`~fibercore.wire.handshake.Session`. Before then it accepts frames of at most
+``MAX_HANDSHAKE_FRAME`` bytes and closes the connection after
+``auth.limits.handshake_timeout`` seconds; it keeps at most
+``auth.limits.max_pending`` such connections per listener and
+``auth.limits.max_peers`` peers. ``dial`` returns only after the handshake
+succeeded (``endpoint.peer`` is the session) and raises
+``fibercore.errors.AuthenticationError`` when the other side refused it.
+
+The core seals and opens frames with the session's keys, so a transport that skips
+the handshake delivers nothing the core accepts: it cannot weaken authentication.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from fibercore.wire.handshake import Authenticator
 
 PeerCallback = Callable[[Hashable, bool], None]  # (peer, added?)
 
@@ -27,27 +45,23 @@ class Endpoint(Protocol):
 
     address: str
 
-    def send(self, data: bytes, peer: Hashable | None = None) -> None:
-        """Send one frame; to ``peer`` on a router listener. Blocks while buffers are full.
+    def send_parts(self, parts: list[Any], peer: Hashable | None = None, block: bool = True) -> None:
+        """Send the concatenation of ``parts`` as one frame to ``peer`` (a dialler: its one peer).
 
-        Raises ``TransportClosed`` when the endpoint is closed.
+        Blocks while buffers are full; ``block=False`` raises TransportTimeout rather than
+        wait. Raises TransportClosed when the endpoint or that peer's connection is closed.
         """
 
     def recv(self, timeout: float | None = None) -> tuple[bytes | memoryview, Hashable]:
         """Receive one frame (bytes, or a writable memoryview the caller may keep) and its peer.
 
-        ``timeout=0`` polls: it returns a waiting frame or raises at once, and is safe
-        while another thread of the process blocks in ``recv`` on the same endpoint.
         Raises ``TransportTimeout`` after ``timeout`` seconds and ``TransportClosed``
-        once the endpoint is closed.
+        once the endpoint is closed (a dialler: also once its connection ended).
         """
 
-    # Optional: ``send_parts(parts, peer=None, block=True)`` sends the concatenation of
-    # ``parts`` as one frame, copying each part once (the core uses it when present);
-    # with ``block=False`` it raises TransportTimeout rather than wait for room.
-
     def on_peer_event(self, callback: PeerCallback) -> None:
-        """Call ``callback(peer, True)`` when a peer connects and ``(peer, False)`` when it goes."""
+        """Call ``callback(peer, True)`` when a peer has authenticated (listeners) and
+        ``(peer, False)`` when it goes (both kinds)."""
 
     def close(self) -> None:
         """Close the endpoint; pending and future calls raise ``TransportClosed``."""
@@ -59,12 +73,13 @@ class Transport(Protocol):
 
     name: str
 
-    def listen(self, kind: str, bind_host: str, advertise_host: str | None = None) -> Endpoint:
+    def listen(self, kind: str, bind_host: str, advertise_host: str | None = None,
+               auth: Authenticator | None = None) -> Endpoint:
         """Open a listening endpoint of ``kind`` ('pair' or 'router') on ``bind_host``.
 
         The port is chosen by the OS (never guessed). ``address`` of the result uses
         ``advertise_host`` when given.
         """
 
-    def dial(self, kind: str, address: str) -> Endpoint:
-        """Open an endpoint of ``kind`` that connects to ``address`` (and reconnects)."""
+    def dial(self, kind: str, address: str, auth: Authenticator | None = None) -> Endpoint:
+        """Connect to ``address`` and authenticate; the result's ``peer`` is the session."""

@@ -157,13 +157,9 @@ def main() -> int:
         channel.send([(admin.EXIT, [str(exitcode).encode()])])
     except Exception:
         pass
-    time.sleep(0.02)  # nng has no linger: let the last frames leave before nng_fini
-    try:  # user atexit hooks; not pynng's nng_fini, which can block on live sockets
+    try:  # user atexit hooks
         import atexit
 
-        prepare_exit = getattr(rt.transport, "prepare_exit", None)
-        if prepare_exit is not None:
-            prepare_exit()
         atexit._run_exitfuncs()
     except Exception:
         pass

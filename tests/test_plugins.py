@@ -116,7 +116,7 @@ def test_observer_hooks_see_jobs(fresh_runtime):
 def test_describe_lists_plugins_and_hooks():
     names = dict(fibercore.get_runtime().plugins.describe())
     assert any("fiber_create_job" in hooks for hooks in names.values())
-    assert "fibercore.builtins.nng_transport" in names
+    assert "fibercore.builtins.tcp_transport" in names
 
 
 # -- meta-tests (datasette's pattern) ----------------------------------------------------------

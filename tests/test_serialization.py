@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import fibercore
-from fibercore import wire
 from fibercore.builtins.cloudpickle_serializer import CloudpickleSerializer
 from fibercore.errors import SerializationError
+from fibercore.wire.frames import BadFrame, Opener, Sealer
 
 S = CloudpickleSerializer()
 KEY = b"k" * 32
@@ -27,9 +27,16 @@ plain = st.recursive(
 )
 
 
+def seal(key, messages, sealer=None):
+    return b"".join((sealer or Sealer(key)).seal(messages))
+
+
+def unseal(key, frame):
+    return Opener(key).open(frame)
+
+
 def through_frame(obj):
-    frame = wire.seal(KEY, [(1, S.dumps(obj))])
-    [(op, parts)] = wire.unseal(KEY, frame)
+    [(op, parts)] = unseal(KEY, seal(KEY, [(1, S.dumps(obj))]))
     return S.loads(parts)
 
 
@@ -68,31 +75,51 @@ def test_round_trip_lambdas_and_closures(a, b):
 @given(st.lists(st.lists(st.binary(max_size=50), max_size=4), max_size=20))
 def test_frames_round_trip_many_messages(messages):
     msgs = [(i % 250 + 1, parts) for i, parts in enumerate(messages)]
-    out = wire.unseal(KEY, wire.seal(KEY, msgs))
+    out = unseal(KEY, seal(KEY, msgs))
     assert [(op, [bytes(p) for p in parts]) for op, parts in out] == msgs
 
 
 @settings(max_examples=200, deadline=None)
 @given(st.binary(max_size=300))
 def test_garbage_never_unseals(data):
-    with pytest.raises(wire.BadFrame):
-        wire.unseal(KEY, data)
+    with pytest.raises(BadFrame):
+        unseal(KEY, data)
 
 
 @settings(deadline=None)  # first calls import numpy/cryptography paths; timing is not the point
 @given(st.binary(min_size=1, max_size=100), st.integers(min_value=0))
 def test_any_bit_flip_is_detected(payload, pos):
-    frame = bytearray(wire.seal(KEY, [(1, [payload])]))
+    frame = bytearray(seal(KEY, [(1, [payload])]))
     i = pos % len(frame)
     frame[i] ^= 0x01
-    with pytest.raises(wire.BadFrame):
-        wire.unseal(KEY, bytes(frame))
+    with pytest.raises(BadFrame):
+        unseal(KEY, bytes(frame))
+
+
+def test_replayed_and_reordered_frames():
+    sealer, opener = Sealer(KEY), Opener(KEY)
+    frames = [seal(KEY, [(1, [bytes([i])])], sealer) for i in range(100)]
+    assert opener.open(frames[1])[0][1][0] == b"\x01"
+    assert opener.open(frames[0])[0][1][0] == b"\x00"  # late (another thread verified first): once
+    for frame in frames[:2]:
+        with pytest.raises(BadFrame, match="replayed"):
+            opener.open(frame)
+    assert opener.open(frames[99])[0][1][0] == b"c"
+    with pytest.raises(BadFrame, match="replayed"):  # beyond the window: never again
+        opener.open(frames[5])
+
+
+def test_large_frame_round_trip_streams_the_tag():
+    payload = np.arange(200_000, dtype=np.float64)
+    [(op, parts)] = unseal(KEY, seal(KEY, [(3, [b"head", memoryview(payload)])]))
+    assert op == 3 and bytes(parts[0]) == b"head"
+    np.testing.assert_array_equal(np.frombuffer(parts[1], dtype=np.float64), payload)
 
 
 def test_wrong_key_is_rejected():
-    frame = wire.seal(KEY, [(1, [b"x"])])
-    with pytest.raises(wire.BadFrame):
-        wire.unseal(b"z" * 32, frame)
+    frame = seal(KEY, [(1, [b"x"])])
+    with pytest.raises(BadFrame):
+        unseal(b"z" * 32, frame)
 
 
 def test_unpicklable_argument_is_named():

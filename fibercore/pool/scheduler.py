@@ -51,6 +51,7 @@ from fibercore.pool.worker import run_worker
 from fibercore.process import Process
 from fibercore.runtime import get_runtime
 from fibercore.serialization import dumps_or_explain
+from fibercore.wire import malformed
 
 log = logging.getLogger("fibercore.pool")
 
@@ -422,37 +423,46 @@ class Scheduler:
         with self.lock:
             w = self.by_peer.get(peer)
             for op, parts in messages:
-                if op == P.RESULT:
-                    cid, ok, micros = P.read_result_header(parts[0])
-                    chunk = w.pending.pop(cid, None) if w is not None else None
-                    if chunk is None:
-                        chunk = self.chunks.get(cid)
-                    if chunk is None or chunk.done:
-                        continue  # a duplicate: the chunk's first result already won
-                    chunk.done = True
-                    self._note_time(micros)
-                    deliveries.append((chunk, ok, parts[1:]))
-                elif op == P.READY:
-                    w = self._on_ready(int(bytes(parts[0])), peer)
-                elif op == P.INITFAIL:
-                    failed = self.workers.get(int(bytes(parts[0])))
-                    if failed is not None:
-                        self._on_initfail(failed, bytes(parts[1]).decode(errors="replace"), parts[2:])
-                elif w is None:
-                    continue
-                elif op == P.RETURNED:
-                    self._take_back(w, P.read_ids(parts[0]))
-                    w.steal_sent = False
-                elif op == P.BYE:
-                    if w.state != DEAD:
-                        w.state = LEAVING
-                    self._take_back(w, P.read_ids(parts[1]) if len(parts) > 1 else [])
-                    self._maintain()
+                try:
+                    w = self._handle_message(op, parts, peer, w, deliveries)
+                except Exception as exc:  # authentic but malformed: counted, the rest still handled
+                    malformed(self.address, peer, op, exc)
             if w is not None:
                 self._classify(w)
             self._pump()
         for chunk, ok, parts in deliveries:
             self._deliver(chunk, ok, parts)
+
+    def _handle_message(self, op: int, parts: list[Any], peer: Hashable, w: WorkerSlot | None,
+                        deliveries: list[tuple[Chunk, bool, list[Any]]]) -> WorkerSlot | None:
+        """One message of a worker's frame (lock held); returns the worker slot it concerns."""
+        if op == P.RESULT:
+            cid, ok, micros = P.read_result_header(parts[0])
+            chunk = w.pending.pop(cid, None) if w is not None else None
+            if chunk is None:
+                chunk = self.chunks.get(cid)
+            if chunk is None or chunk.done:
+                return w  # a duplicate: the chunk's first result already won
+            chunk.done = True
+            self._note_time(micros)
+            deliveries.append((chunk, ok, parts[1:]))
+        elif op == P.READY:
+            w = self._on_ready(int(bytes(parts[0])), peer)
+        elif op == P.INITFAIL:
+            failed = self.workers.get(int(bytes(parts[0])))
+            if failed is not None:
+                self._on_initfail(failed, bytes(parts[1]).decode(errors="replace"), parts[2:])
+        elif w is None:
+            return w
+        elif op == P.RETURNED:
+            self._take_back(w, P.read_ids(parts[0]))
+            w.steal_sent = False
+        elif op == P.BYE:
+            if w.state != DEAD:
+                w.state = LEAVING
+            self._take_back(w, P.read_ids(parts[1]) if len(parts) > 1 else [])
+            self._maintain()
+        return w
 
     def _take_back(self, w: WorkerSlot, cids: list[int]) -> None:
         back = [w.pending.pop(cid) for cid in cids if cid in w.pending]

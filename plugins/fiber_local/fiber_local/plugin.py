@@ -125,6 +125,26 @@ def fiber_config_defaults() -> dict[str, Any]:
     return {"pool_processes": cpus, "pool_start_concurrency": 2 * cpus}
 
 
+#: The descriptor, inherited by the job, from which the worker reads its secrets (then closes it).
+SECRET_FD_ENV = "FIBER_SECRET_FD"
+
+
+def _secret_pipe(secret_env: dict[str, str]) -> int | None:
+    """A pipe's read end holding ``secret_env`` as ``KEY=value`` lines, or None if empty.
+
+    The values are small (well under a pipe's buffer), so they are written before the
+    job starts and the write end is closed at once.
+    """
+    if not secret_env:
+        return None
+    r, w = os.pipe()
+    try:
+        os.write(w, "".join(f"{k}={v}\n" for k, v in secret_env.items()).encode())
+    finally:
+        os.close(w)
+    return r
+
+
 @hookimpl
 def fiber_create_job(spec: Any) -> Any:
     from fibercore.runtime import get_runtime
@@ -132,8 +152,12 @@ def fiber_create_job(spec: Any) -> Any:
 
     env = dict(os.environ)
     env.update(spec.env)
-    env.update(spec.secret_env)  # same user, same machine: the environment is private to it
     env.setdefault("PYTHONUNBUFFERED", "1")
+    secret_fd = _secret_pipe(spec.secret_env)
+    pass_fds: tuple[int, ...] = ()
+    if secret_fd is not None:  # never in the environment block (/proc/<pid>/environ, ps e)
+        env[SECRET_FD_ENV] = str(secret_fd)
+        pass_fds = (secret_fd,)
     env[MASTER_PID_ENV] = str(os.getpid())  # `fiber cleanup` leaves jobs of a live master alone
     cwd = spec.cwd if spec.cwd and os.path.isdir(spec.cwd) else None
     _pump.echo = bool(get_runtime().config.get("local_echo_output", True))
@@ -145,7 +169,10 @@ def fiber_create_job(spec: Any) -> Any:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         close_fds=True,
+        pass_fds=pass_fds,
     )
+    if secret_fd is not None:
+        os.close(secret_fd)
     data = LocalJob(popen)
     assert popen.stdout is not None and popen.stderr is not None
     _pump.add(os.dup(popen.stdout.fileno()), sys.__stdout__.fileno() if sys.__stdout__ else 1, data.tail)

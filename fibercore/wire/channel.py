@@ -1,0 +1,137 @@
+"""Channel: an endpoint whose connections are authenticated and whose frames are sealed.
+
+A channel wraps one transport endpoint. Its peers are :class:`~fibercore.wire.handshake.Session`
+objects, each an authenticated connection with its own keys; the transport reports
+a connection only after the handshake, so every frame a channel opens comes from a
+peer that proved it holds the key. A frame that fails its tag or counter check is
+dropped and counted (:data:`fibercore.wire.stats`); no receive loop ever sees it.
+
+Who a send goes to: a dialling channel has one peer. A listening ``router`` channel
+answers the peer a frame came from. A listening ``pair`` channel (a Pipe's home)
+sends to its most recent peer, waiting briefly for one to connect.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Hashable, Sequence
+
+from fibercore.errors import TransportTimeout
+from fibercore.transport import Endpoint
+from fibercore.wire.frames import BadFrame, Message, Messages, reject
+from fibercore.wire.handshake import Session
+
+#: Seconds a send on a listening pair waits for a peer before it raises TransportTimeout
+#: (the Sender tries again until the other end is known gone).
+PAIR_SEND_SLICE = 0.25
+
+
+class Channel:
+    """An authenticated endpoint: ``send`` messages to a peer, ``recv`` them from any."""
+
+    def __init__(self, endpoint: Endpoint, kind: str, listening: bool) -> None:
+        self.endpoint = endpoint
+        self.address = endpoint.address
+        self.kind = kind
+        self.listening = listening
+        self._peers: list[Session] = []
+        self._peers_cv = threading.Condition(threading.Lock())
+        if listening:
+            endpoint.on_peer_event(self._track)
+
+    # -- peers ----------------------------------------------------------------------------
+    def _track(self, peer: Hashable, added: bool) -> None:
+        with self._peers_cv:
+            if added:
+                self._peers.append(peer)  # type: ignore[arg-type]
+            elif peer in self._peers:
+                self._peers.remove(peer)  # type: ignore[arg-type]
+            self._peers_cv.notify_all()
+
+    def _default_peer(self) -> Session:
+        if not self.listening:
+            return self.endpoint.peer  # type: ignore[attr-defined,no-any-return]
+        if self.kind != "pair":
+            raise ValueError("a listening router channel needs the peer to send to")
+        deadline = time.monotonic() + PAIR_SEND_SLICE
+        with self._peers_cv:
+            while not self._peers:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TransportTimeout(f"no peer connected to {self.address} yet")
+                self._peers_cv.wait(remaining)
+            return self._peers[-1]
+
+    @property
+    def has_peer(self) -> bool:
+        """Whether a send without a peer would go out now (a listening pair may wait for one)."""
+        return not self.listening or bool(self._peers)
+
+    @property
+    def peer_count(self) -> int:
+        return len(self._peers)
+
+    def on_peer_event(self, callback: Callable[[Hashable, bool], None]) -> None:
+        """``callback(peer, added)`` when an authenticated peer arrives or leaves."""
+        self.endpoint.on_peer_event(callback)
+
+    # -- sending --------------------------------------------------------------------------
+    def send(self, messages: Sequence[Message], peer: Hashable | None = None, block: bool = True) -> None:
+        """Seal ``messages`` into one frame and send it (to ``peer`` on a router listener).
+
+        ``block=False`` raises TransportTimeout rather than wait for room. A send on a
+        listening pair raises TransportTimeout when no peer connected within
+        :data:`PAIR_SEND_SLICE`.
+        """
+        session = self._default_peer() if peer is None else peer
+        assert isinstance(session, Session)
+        me = threading.get_ident()
+        if session.sending == me:
+            # Re-entered on this thread while it sends (a GC finalizer, a proxy's decref):
+            # the outer send carries these next, never bytes interleaved mid-frame.
+            session.deferred.extend(messages)
+            return
+        with session.lock:  # frames of one connection leave in counter order
+            session.sending = me
+            try:
+                self.endpoint.send_parts(session.sealer.seal(messages), session, block=block)
+                while session.deferred:
+                    batch, session.deferred = session.deferred, []
+                    self.endpoint.send_parts(session.sealer.seal(batch), session)
+            finally:
+                session.sending = None
+
+    # -- receiving ------------------------------------------------------------------------
+    def recv(self, timeout: float | None = None) -> tuple[Messages, Hashable]:
+        """The next authentic frame's messages and the peer that sent it.
+
+        Raises TransportTimeout after ``timeout`` seconds, TransportClosed once closed.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            data, peer = self.endpoint.recv(remaining)
+            try:
+                if not isinstance(peer, Session):
+                    raise BadFrame("the transport delivered a frame from a connection that did not authenticate")
+                return peer.opener.open(data), peer
+            except BadFrame as exc:
+                reject(self.address, peer, str(exc))
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise TransportTimeout("only refused frames arrived") from None
+
+    def drop(self, peer: Hashable) -> None:
+        """Disconnect one peer (it misbehaved)."""
+        drop = getattr(self.endpoint, "drop", None)
+        if drop is not None:
+            drop(peer)
+
+    def close(self) -> None:
+        self.endpoint.close()
+
+    def __repr__(self) -> str:
+        return f"<Channel {self.kind} {'listening on' if self.listening else 'to'} {self.address}>"
+
+
+__all__ = ["Channel", "PAIR_SEND_SLICE"]

@@ -1,0 +1,184 @@
+"""Frames: many messages in one authenticated unit, sealed with one direction's key.
+
+Every integer on the wire is an unsigned 64-bit little-endian word (one encoding)::
+
+    frame  = tag(16) || body
+    body   = words || payload
+    words  = counter, nwords, nmsgs, then per message: op, nparts, len(part_0) .. len(part_n)
+    tag    = AES-256-GCM tag over ``body`` as associated data (GMAC),
+             key = this connection's key for this direction (:mod:`fibercore.wire.handshake`),
+             nonce = counter (12 bytes, LE)
+
+A sender counts its frames from 1; a receiver accepts each counter once, within a
+window of the last :data:`REPLAY_WINDOW` (threads of one process may verify frames of
+one connection in a different order than they arrived). Keys are per connection and per direction, so a frame replayed on
+the same connection, sent back to its sender (reflected) or sent to another
+endpoint fails. Nothing in a frame is looked at before the tag is checked.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import sys
+import threading
+import time
+from array import array
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+log = logging.getLogger("fibercore.wire")
+
+TAG_SIZE = 16
+_BIG = sys.byteorder == "big"
+_ONE_SHOT_MAX = 64 << 10  # smaller frames are joined and tagged in one call
+_FIXED_WORDS = 3  # counter, nwords, nmsgs
+#: How far behind the newest accepted counter a frame may be and still be accepted (once).
+REPLAY_WINDOW = 64
+
+Message = tuple[int, Sequence[Any]]  # (op, parts)
+Messages = list[tuple[int, list[memoryview]]]
+
+#: Counters of what this process refused; tests and diagnostics read them.
+stats: collections.Counter[str] = collections.Counter()
+_last_warning = 0.0
+
+
+class BadFrame(Exception):
+    """A frame failed authentication or could not be parsed (never raised to users)."""
+
+
+def nbytes(part: Any) -> int:
+    return part.nbytes if isinstance(part, memoryview) else len(part)
+
+
+def _words(values: array) -> bytes:
+    if _BIG:
+        values = array("Q", values)
+        values.byteswap()
+    return values.tobytes()
+
+
+class Sealer:
+    """One direction of one connection: its key and frame counter.
+
+    Sealing and sending must happen under one lock (the channel's), so frames leave
+    in counter order.
+    """
+
+    def __init__(self, key: bytes) -> None:
+        self._aead = AESGCM(key)
+        self._aes = algorithms.AES(key)
+        self._counter = 0
+
+    def seal(self, messages: Sequence[Message]) -> list[Any]:
+        """The frame as a list of buffers to send back to back (big parts are not copied)."""
+        self._counter += 1
+        words = array("Q", [self._counter, 0, len(messages)])
+        payload: list[Any] = []
+        size = 0
+        for op, parts in messages:
+            words.append(op)
+            words.append(len(parts))
+            for part in parts:
+                n = nbytes(part)
+                words.append(n)
+                payload.append(part)
+                size += n
+        words[1] = len(words)
+        head = _words(words)
+        nonce = self._counter.to_bytes(12, "little")
+        if size <= _ONE_SHOT_MAX:
+            body = b"".join([head, *payload])
+            return [self._aead.encrypt(nonce, b"", body), body]
+        mac = Cipher(self._aes, modes.GCM(nonce)).encryptor()
+        mac.authenticate_additional_data(head)
+        for part in payload:
+            if isinstance(part, memoryview) and (part.format != "B" or part.ndim != 1):
+                part = part.cast("B")
+            mac.authenticate_additional_data(part)
+        mac.finalize()
+        return [mac.tag, head, *payload]
+
+
+class Opener:
+    """The receiving direction of one connection: checks tags and that counters only grow."""
+
+    def __init__(self, key: bytes) -> None:
+        self._aead = AESGCM(key)
+        self._last = 0
+        self._seen = 0  # bit i: counter last - i was accepted
+        self._lock = threading.Lock()
+
+    def open(self, frame: bytes | memoryview) -> Messages:
+        """Authenticate ``frame`` and split it into messages; raise BadFrame otherwise."""
+        view = memoryview(frame)
+        if view.ndim != 1 or view.itemsize != 1:
+            view = view.cast("B")
+        if view.nbytes < TAG_SIZE + 8 * _FIXED_WORDS:
+            raise BadFrame("short frame")
+        body = view[TAG_SIZE:]
+        counter = int.from_bytes(body[:8], "little")
+        try:
+            self._aead.decrypt(counter.to_bytes(12, "little"), view[:TAG_SIZE], body)
+        except (InvalidTag, OverflowError):
+            raise BadFrame("bad authentication tag") from None
+        with self._lock:
+            if counter > self._last:
+                shift = counter - self._last
+                self._seen = ((self._seen << shift) | 1) & ((1 << REPLAY_WINDOW) - 1)
+                self._last = counter
+            else:
+                behind = self._last - counter
+                if behind >= REPLAY_WINDOW or (self._seen >> behind) & 1:
+                    raise BadFrame(f"replayed frame (counter {counter}, newest {self._last})")
+                self._seen |= 1 << behind
+        return _split(body)
+
+
+def _split(body: memoryview) -> Messages:
+    nwords = int.from_bytes(body[8:16], "little")
+    end_words = 8 * nwords
+    if nwords < _FIXED_WORDS or end_words > len(body):
+        raise BadFrame("bad header length")
+    words = array("Q")
+    words.frombytes(body[:end_words])
+    if _BIG:
+        words.byteswap()
+    pos, i, out = end_words, _FIXED_WORDS, []
+    try:
+        for _ in range(words[2]):
+            op, nparts = words[i], words[i + 1]
+            i += 2
+            parts = []
+            for _ in range(nparts):
+                size = words[i]
+                i += 1
+                parts.append(body[pos : pos + size])
+                pos += size
+            out.append((op, parts))
+    except IndexError as exc:
+        raise BadFrame("truncated header") from exc
+    if pos != len(body) or i != nwords:
+        raise BadFrame("payload length does not match header")
+    return out
+
+
+def malformed(where: str, peer: Hashable, op: int, exc: BaseException) -> None:
+    """An authentic message the receiver could not handle: counted, logged, dropped; it keeps serving."""
+    reject(where, peer, f"malformed message (op {op}): {exc!r}", "malformed_messages")
+
+
+def reject(where: str, peer: Hashable, reason: str, counter: str = "rejected_frames") -> None:
+    """Count a refused frame or connection and log it (rate-limited): the receiver keeps serving."""
+    global _last_warning
+    stats[counter] += 1
+    now = time.monotonic()
+    if now - _last_warning > 5.0:
+        _last_warning = now
+        log.warning("refused on %s from %r: %s (%d %s so far)", where, peer, reason, stats[counter],
+                    counter.replace("_", " "))

@@ -1,0 +1,148 @@
+"""Sender: messages leave from the caller's thread when the line is idle, in batches when busy.
+
+A ``put`` on an idle line (nothing queued, nothing being sent, no put in the last
+:data:`BURST_GAP` seconds, a peer connected) seals and sends at once, on the caller's thread: a round
+trip then costs one socket write, no thread hand-off. Puts that come faster queue
+up, and a background thread packs everything queued into as few frames as it can,
+so many small messages cost one transport call (what makes 100-byte messages fast).
+Above ``high_water`` bytes queued, ``put`` blocks (back-pressure, like a full pipe).
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from collections.abc import Callable
+
+from fibercore.errors import TransportClosed, TransportTimeout
+from fibercore.wire.channel import Channel
+from fibercore.wire.frames import Message, nbytes
+
+#: A put this soon after the previous one is part of a burst: it is queued and batched.
+BURST_GAP = 20e-6
+
+
+class Sender:
+    """Sends messages to one peer of a channel, in order, batching bursts."""
+
+    def __init__(
+        self,
+        channel: Channel,
+        name: str,
+        max_frame: int = 4 << 20,
+        high_water: int = 64 << 20,
+        peer_gone: Callable[[], bool] | None = None,
+    ) -> None:
+        self._channel = channel
+        self._name = name
+        self._peer_gone = peer_gone
+        self._queue: collections.deque[tuple[Message, int]] = collections.deque()
+        self._cv = threading.Condition(threading.Lock())
+        self._bytes = 0
+        self._busy = False  # a batch (or an inline send) is being sent
+        self._closed = False
+        self._error: BaseException | None = None
+        self._max_frame = max_frame
+        self._high_water = high_water
+        self._last_put = 0.0
+        self._thread: threading.Thread | None = None
+
+    def put(self, message: Message) -> None:
+        size = sum(nbytes(p) for p in message[1]) + 16
+        with self._cv:
+            if self._error is not None:
+                raise TransportClosed(f"cannot send: {self._error}")
+            while self._bytes > self._high_water and not self._closed and self._error is None:
+                self._cv.wait()
+            if self._closed:
+                raise TransportClosed("the connection is closed")
+            now = time.perf_counter()
+            inline = (not self._busy and not self._queue and now - self._last_put > BURST_GAP
+                      and self._channel.has_peer)
+            if inline:
+                self._busy = True
+            else:
+                self._queue.append((message, size))
+                self._bytes += size
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+                    self._thread.start()
+                elif len(self._queue) == 1:
+                    self._cv.notify_all()
+        if not inline:
+            return
+        try:
+            self._send([message])
+        except BaseException as exc:
+            with self._cv:
+                self._error = exc
+                self._queue.clear()
+            raise TransportClosed(f"cannot send: {exc}") from exc
+        finally:
+            with self._cv:
+                self._busy = False
+                self._last_put = time.perf_counter()
+                self._cv.notify_all()
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while (not self._queue or self._busy) and not self._closed:
+                    self._cv.wait()
+                if not self._queue:
+                    return
+                batch: list[Message] = []
+                size = 0
+                while self._queue and (not batch or size + self._queue[0][1] <= self._max_frame):
+                    message, n = self._queue.popleft()
+                    batch.append(message)
+                    size += n
+                self._bytes -= size
+                self._busy = True
+                self._cv.notify_all()
+            try:
+                self._send(batch)
+            except BaseException as exc:  # closed endpoint: drop the rest, fail later puts
+                with self._cv:
+                    self._error = exc
+                    self._queue.clear()
+                    self._busy = False
+                    self._cv.notify_all()
+                return
+            with self._cv:
+                self._busy = False
+                self._cv.notify_all()
+
+    def _send(self, batch: list[Message]) -> None:
+        """Send one batch; a send that times out is tried again until the peer is known gone."""
+        while True:
+            try:
+                self._channel.send(batch)
+                return
+            except TransportTimeout:
+                if self._closed or (self._peer_gone is not None and self._peer_gone()):
+                    raise BrokenPipeError("the other end is gone; what was still queued is dropped") from None
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every queued message was sent; False on timeout."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cv:
+            while (self._queue or self._busy) and self._error is None:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
+                self._cv.wait(remaining)
+        return True
+
+    def close(self, flush: bool = True, timeout: float | None = 10.0) -> None:
+        if flush:
+            self.flush(timeout)
+        with self._cv:
+            self._closed = True
+            self._queue.clear()
+            self._cv.notify_all()
+
+    @property
+    def pending(self) -> int:
+        return len(self._queue)
