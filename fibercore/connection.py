@@ -293,11 +293,26 @@ class Connection:
             raise EOFError("the pipe was closed") from None
         for op, parts in messages:
             if op == CLOSE:
-                self._eof = True
+                if not self._twin_still_writes():
+                    self._eof = True
             else:
                 self._inbox.append((op, parts))
         if self._inbox and self._ready is not None:
             self._ready.set()
+
+    def _twin_still_writes(self) -> bool:
+        """A copy of the other end closed, but another may still write: more processes are
+        connected, or the other end is still open here in the creator (as with an OS pipe,
+        the end comes when every copy of the writing end is closed)."""
+        channel = self._channel
+        if channel is not None and channel.listening and channel.peer_count > 1:
+            return True
+        home = _homes.get(self._pipe_id) if os.getpid() == self._creator_pid else None
+        if home is None:
+            return False
+        ref = home.ends[1 - self._side]
+        twin = ref() if ref is not None else None
+        return twin is not None and not twin._closed and twin._writable
 
     def _set_eof(self) -> None:
         self._at_eof = True

@@ -42,6 +42,7 @@ from fibercore.lifetime import flush_in_multiprocessing_children
 from fibercore.runtime import adopt_credentials, credentials_for_child, get_runtime
 from fibercore.serialization import dumps_or_explain
 from fibercore.wire import Sender, malformed
+from fibercore.wire.frames import nbytes
 
 Empty = _stdlib_queue.Empty
 Full = _stdlib_queue.Full
@@ -53,6 +54,10 @@ MAX_GRANT = 256
 _brokers: dict[str, _Broker] = {}
 _clients: dict[tuple[int, str], _Client] = {}
 _clients_lock = threading.Lock()
+
+
+def _size(parts: list[Any]) -> int:
+    return sum(nbytes(p) for p in parts)
 
 
 def _int(part: Any) -> int:
@@ -88,6 +93,11 @@ class _Broker:
         self.pending_puts: deque[tuple[Hashable, bytes, list[Any]]] = deque()
         self.join_waiters: list[tuple[Hashable, bytes]] = []
         self.outbox: list[tuple[Hashable, list[Any]]] = []
+        # Bytes of items held here (queued or leased to a reader that has not acknowledged
+        # them); above the budget, remote writers are paused and local puts block.
+        self.held = 0
+        self.budget = int(rt.config.get("queue_max_bytes"))
+        self.paused: set[Hashable] = set()
         self.channel = rt.listen("router")
         self.address = self.channel.address
         self.channel.on_peer_event(self._peer_event)
@@ -111,12 +121,21 @@ class _Broker:
 
     def _append(self, parts: list[Any]) -> None:
         self.items.append(parts)
+        self.held += _size(parts)
         self.unfinished += 1
+
+    def _released(self, parts: list[Any]) -> None:
+        """An item left this process for good: below half the budget, paused writers resume."""
+        self.held -= _size(parts)
+        if self.paused and self.held <= self.budget // 2:
+            for peer in self.paused:
+                self.channel.resume(peer)
+            self.paused.clear()
 
     def _ack(self, reader: _Reader, consumed_total: int) -> None:
         for _ in range(consumed_total - reader.acked):
             if reader.leased:
-                reader.leased.popleft()
+                self._released(reader.leased.popleft())
         reader.acked = max(reader.acked, consumed_total)
 
     def _admit_puts(self) -> None:
@@ -138,7 +157,7 @@ class _Broker:
     def put_local(self, parts: list[Any], block: bool, timeout: float | None) -> None:
         deadline = None if timeout is None else time.monotonic() + timeout
         with self.cv:
-            while not self._room():
+            while not self._room() or self.held >= self.budget:
                 if not block:
                     raise Full
                 remaining = None if deadline is None else deadline - time.monotonic()
@@ -166,6 +185,7 @@ class _Broker:
                 finally:
                     self.local_getters -= 1
             parts = self.items.popleft()
+            self._released(parts)
             self._admit_puts()
             self._changed()
             return parts
@@ -235,6 +255,11 @@ class _Broker:
                         self._handle(op, parts, peer)
                     except Exception as exc:  # authentic but malformed: counted and skipped
                         malformed(self.address, peer, op, exc)
+                if self.held > self.budget and peer not in self.paused and any(op == PUT for op, _ in messages):
+                    # A writer beyond the byte budget: stop reading its connection (its puts
+                    # then block, as on a full queue) until readers take items out.
+                    self.paused.add(peer)
+                    self.channel.pause(peer)
                 self._changed()
 
     def _handle(self, op: int, parts: list[Any], peer: Hashable) -> None:

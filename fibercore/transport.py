@@ -66,6 +66,9 @@ class Endpoint(Protocol):
     def close(self) -> None:
         """Close the endpoint; pending and future calls raise ``TransportClosed``."""
 
+    # Optional on listeners: ``drop(peer)`` closes one peer's connection; ``pause(peer)`` /
+    # ``resume(peer)`` stop and restart reading it (a queue's byte budget uses them).
+
 
 @runtime_checkable
 class Transport(Protocol):

@@ -80,3 +80,9 @@ def start_reporter_then_wait(conn: Any) -> None:
 
     fibercore.Process(target=report_parent, args=(conn,)).start()
     time.sleep(300)
+
+
+def put_megabytes(q: Any, count: int) -> None:
+    """``count`` items of 1 MiB each, numbered in their first bytes."""
+    for i in range(count):
+        q.put(i.to_bytes(4, "little") + bytes(1 << 20))

@@ -194,7 +194,7 @@ def test_manager_start_and_shutdown_leave_no_socket_open():
 # -- fibercore objects in children that multiprocessing (or a library) starts ---------------
 def test_queue_pipe_and_proxy_in_plain_multiprocessing_children(tmp_path):
     """spawn and forkserver get the session's credentials in the start-up pipe; a forked
-    child (nng cannot run after fork) dials in pure Python."""
+    child inherits them and opens connections of its own (the reactor thread is new)."""
     out = run_script(tmp_path, """
         import multiprocessing
         import fibercore
@@ -204,7 +204,7 @@ def test_queue_pipe_and_proxy_in_plain_multiprocessing_children(tmp_path):
             d["seen"] = d.get("seen", 0) + 1
         if __name__ == "__main__":
             q = fibercore.Queue()
-            q.put("warm-up"); q.get()  # nng in use before the fork
+            q.put("warm-up"); q.get()  # the transport in use before the fork
             m = fibercore.Manager()
             d = m.dict()
             for method in ("fork", "spawn", "forkserver"):

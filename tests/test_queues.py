@@ -142,3 +142,31 @@ def test_many_writers_many_readers_exactly_once(writers, readers, per_writer):
         assert p.exitcode == 0
     expected = sorted(x for chunk in chunks for x in chunk)
     assert sorted(got) == expected  # every item exactly once
+
+
+def test_a_writer_beyond_the_byte_budget_is_held_back_and_nothing_is_lost():
+    """An unbounded Queue cannot run its creator out of memory: past queue_max_bytes the
+    broker stops reading the writer (whose puts then block), and resumes as readers drain."""
+    from fibercore import queues
+    from tests.helpers import put_megabytes
+
+    budget = 8 << 20
+    mp.init(queue_max_bytes=budget)
+    try:
+        q = mp.Queue()
+        broker = queues._brokers[q._qid]
+        p = mp.Process(target=put_megabytes, args=(q, 48))
+        p.start()
+        peak = 0
+        deadline = time.monotonic() + 4
+        while time.monotonic() < deadline:  # nobody reads: the broker must stop near the budget
+            peak = max(peak, broker.held)
+            time.sleep(0.01)
+        assert broker.paused, "the writer was not paused"
+        assert budget <= peak <= budget + (16 << 20), peak
+        got = [int.from_bytes(q.get(timeout=30)[:4], "little") for _ in range(48)]
+        assert got == list(range(48))
+        p.join(30)
+        assert p.exitcode == 0 and broker.held == 0
+    finally:
+        mp.init()

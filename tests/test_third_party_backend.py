@@ -36,7 +36,7 @@ PROGRAM = textwrap.dedent("""
 def venv(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("venv")
     subprocess.run([sys.executable, "-m", "venv", str(root)], check=True)
-    # See the test environment's packages (fibercore, pynng...) without downloading them.
+    # See the test environment's packages (fibercore, cryptography...) without downloading them.
     pth = next((root / "lib").glob("python*/site-packages")) / "parent.pth"
     dirs = [d for d in site.getsitepackages() if os.path.isdir(d)]
     # addsitedir also processes .pth files there (editable installs of fibercore use one).

@@ -1,4 +1,4 @@
-"""TLS is one config switch away: every endpoint over nng's tls+tcp, with a test CA."""
+"""TLS is one config switch away: every endpoint over TLS (Python's ssl), with a test CA."""
 
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ connections of every listening endpoint, and hands frames to whoever waits in
 ``recv``. A dialling endpoint has no thread: ``recv`` reads its socket on the
 caller's thread, and ``send`` writes on the caller's thread. Why not nng: a
 round trip over pynng's Pair0 measured 176 µs against 23 µs for a
-multiprocessing Pipe and 22 µs for a Python TCP socket (docs/performance.md).
+multiprocessing Pipe and 22 µs for a Python TCP socket (README, Benchmarks).
 """
 
 from __future__ import annotations
@@ -504,6 +504,29 @@ class TcpListener:
         if conn is not None:
             self._reactor.call(lambda: self._drop(conn))
 
+    def pause(self, peer: Hashable) -> None:
+        """Stop reading ``peer``'s connection: TCP's window closes and its sends block."""
+        conn = self._peers.get(peer)  # type: ignore[arg-type]
+        if conn is not None:
+            self._reactor.call(lambda: self._reading(conn, False))
+
+    def resume(self, peer: Hashable) -> None:
+        conn = self._peers.get(peer)  # type: ignore[arg-type]
+        if conn is not None:
+            self._reactor.call(lambda: self._reading(conn, True))
+
+    def _reading(self, conn: _Conn, on: bool) -> None:
+        if conn.session not in self._peers:
+            return  # dropped meanwhile
+        try:
+            if on:
+                self._reactor.sel.register(conn.sock, selectors.EVENT_READ, lambda: self._readable(conn))
+                self._readable(conn)  # what arrived while paused
+            else:
+                self._reactor.sel.unregister(conn.sock)
+        except (KeyError, ValueError):
+            pass
+
     def close(self) -> None:
         with self._cv:
             if self._closed:
@@ -642,17 +665,24 @@ def _dial(address: str, auth: Authenticator, tls: ssl.SSLContext | None, server_
     hs = auth.dialer(address)
     conn = _Conn(sock, hs, address)
     frames: collections.deque[memoryview] = collections.deque()
+
+    def deliver(frame: memoryview) -> None:
+        if conn.session is not None:  # data that followed the handshake in the same read
+            frames.append(frame)
+            return
+        reply = hs.feed(frame)
+        if reply is not None:
+            conn.write([reply], deadline=deadline)
+        if hs.session is not None:  # the next record in this very buffer may be a big one
+            conn.authenticated(hs.session, auth.limits.max_frame)
+
     try:
-        while hs.session is None:
-            while not frames:
-                try:
-                    conn.pump(frames.append)
-                except _WOULD_BLOCK:
-                    if not frames:
-                        conn._wait(select.POLLIN, deadline)
-            reply = hs.feed(frames.popleft())
-            if reply is not None:
-                conn.write([reply], deadline=deadline)
+        while conn.session is None:
+            try:
+                conn.pump(deliver)
+            except _WOULD_BLOCK:
+                if conn.session is None:
+                    conn._wait(select.POLLIN, deadline)
     except TransportTimeout:
         conn.close()
         raise TransportError(f"{address} did not complete authentication within {timeout:.0f} s") from None
@@ -664,9 +694,8 @@ def _dial(address: str, auth: Authenticator, tls: ssl.SSLContext | None, server_
             f"{address} refused this connection ({exc}): it does not hold the same secret (another "
             "session's, or a manager with another authkey), or it is not a fibercore endpoint"
         ) from None
-    conn.authenticated(hs.session, auth.limits.max_frame)
     dialer = TcpDialer(conn, address)
-    dialer._inbox.extend(frames)  # data that followed the handshake in the same read
+    dialer._inbox.extend(frames)
     return dialer
 
 

@@ -121,6 +121,20 @@ class Channel:
                 if deadline is not None and time.monotonic() >= deadline:
                     raise TransportTimeout("only refused frames arrived") from None
 
+    def pause(self, peer: Hashable) -> None:
+        """Stop reading from ``peer`` (its sends then block: back-pressure) until :meth:`resume`.
+
+        A no-op on a transport without ``pause``.
+        """
+        pause = getattr(self.endpoint, "pause", None)
+        if pause is not None:
+            pause(peer)
+
+    def resume(self, peer: Hashable) -> None:
+        resume = getattr(self.endpoint, "resume", None)
+        if resume is not None:
+            resume(peer)
+
     def drop(self, peer: Hashable) -> None:
         """Disconnect one peer (it misbehaved)."""
         drop = getattr(self.endpoint, "drop", None)
