@@ -30,6 +30,7 @@ import os
 import queue
 import struct
 import threading
+import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Hashable, Sequence
@@ -43,6 +44,7 @@ from fibercore.errors import (
     TimeoutError,
     TransportClosed,
     TransportError,
+    TransportTimeout,
 )
 from fibercore.runtime import adopt_credentials, credentials_for_child, get_runtime
 from fibercore.wire import malformed
@@ -250,20 +252,25 @@ def _run_server(registry: dict[str, tuple[Any, ...]], key: bytes | None, reply: 
 class Future:
     """The handle of one call: ``get(timeout)``, ``ready()``, ``wait(timeout)``."""
 
-    def __init__(self) -> None:
+    def __init__(self, client: _Client | None = None) -> None:
         self._event = threading.Event()
         self._kind = RETURN
         self._value: Any = None
         self._convert: Callable[[Any], Any] | None = None
+        self._client = client  # whose connection carries the answer (read by whoever waits)
 
     def _set(self, kind: int, value: Any) -> None:
         self._kind, self._value = kind, value
         self._event.set()
 
     def ready(self) -> bool:
+        if not self._event.is_set() and self._client is not None:
+            self._client.wait_for(self, 0)
         return self._event.is_set()
 
     def wait(self, timeout: float | None = None) -> bool:
+        if self._client is not None:
+            return self._client.wait_for(self, timeout)
         return self._event.wait(timeout)
 
     def successful(self) -> bool:
@@ -272,7 +279,7 @@ class Future:
         return self._kind != ERROR
 
     def get(self, timeout: float | None = None) -> Any:
-        if not self._event.wait(timeout):
+        if not self.wait(timeout):
             raise TimeoutError(f"the manager did not answer within {timeout} s")
         if self._kind == ERROR:
             raise self._value
@@ -294,8 +301,8 @@ class _Client:
         self.waiting: dict[int, Future] = {}
         self.lock = threading.Lock()
         self.closed = False
+        self.reading = threading.Lock()  # held by the one thread that reads answers for all
         self.channel.on_peer_event(self._peer_event)
-        threading.Thread(target=self._receive, name="fiber-manager-client", daemon=True).start()
 
     def _peer_event(self, peer: object, added: bool) -> None:
         if not added:  # the server is gone: fail waiting calls, never block on it again
@@ -310,26 +317,57 @@ class _Client:
                 if client is self:
                     del _clients[k]
 
-    def _receive(self) -> None:
-        while True:
-            try:
-                messages, _ = self.channel.recv()
-            except TransportClosed:
-                break
-            for op, parts in messages:
-                if op != REPLY:
-                    continue
-                req, kind = _HEAD.unpack(parts[0])
-                with self.lock:
-                    future = self.waiting.pop(req, None)
-                if future is None:
-                    continue
+    def wait_for(self, future: Future, timeout: float | None) -> bool:
+        """Wait until ``future`` has its answer; False after ``timeout``.
+
+        No thread of its own: the first waiting thread reads the connection and hands
+        every answer to its future (its own ends its wait at once, with no hand-off);
+        the others wait for theirs, or to take over reading when it leaves.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not future._event.is_set():
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0 and timeout != 0:
+                return False
+            if self.reading.acquire(blocking=False):
                 try:
-                    value = self.serializer.loads(parts[1:])
-                except Exception as exc:
-                    kind, value = ERROR, RemoteError(f"cannot unpickle the manager's answer: {exc}")
-                future._set(kind, value)
-        self._fail_all(ProcessError(f"the connection to the manager at {self.address} closed"))
+                    self._read_until(future, deadline)
+                finally:
+                    self.reading.release()
+                if timeout == 0 or (deadline is not None and time.monotonic() >= deadline):
+                    return future._event.is_set()
+            elif timeout == 0:
+                return False
+            else:  # another thread reads: our answer comes through it, or we take over
+                future._event.wait(FOLLOWER_STEP if remaining is None else min(FOLLOWER_STEP, remaining))
+        return True
+
+    def _read_until(self, future: Future, deadline: float | None) -> None:
+        while not future._event.is_set():
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                messages, _ = self.channel.recv(remaining)
+            except TransportTimeout:
+                return
+            except TransportClosed:
+                self._fail_all(ProcessError(f"the connection to the manager at {self.address} closed"))
+                return
+            self._answer(messages)
+
+    def _answer(self, messages: list[tuple[int, list[Any]]]) -> None:
+        for op, parts in messages:
+            if op != REPLY:
+                continue
+            req, kind = _HEAD.unpack(parts[0])
+            with self.lock:
+                future = self.waiting.pop(req, None)
+            if future is None:
+                continue
+            try:
+                value = self.serializer.loads(parts[1:])
+            except Exception as exc:
+                kind, value = ERROR, RemoteError(f"cannot unpickle the manager's answer: {exc}")
+            future._set(kind, value)
 
     def _fail_all(self, exc: BaseException) -> None:
         with self.lock:
@@ -338,7 +376,7 @@ class _Client:
             future._set(ERROR, exc)
 
     def request(self, op: int, ident: int, value: Any = None, reply: bool = True) -> Future:
-        future = Future()
+        future = Future(self if reply else None)
         if self.closed:
             future._set(ERROR, ProcessError(f"the manager at {self.address} is gone (shut down or its job ended)"))
             return future
@@ -357,6 +395,9 @@ class _Client:
             future._set(RETURN, None)
         return future
 
+
+#: Seconds a thread waiting for an answer that another thread reads checks whether to take over.
+FOLLOWER_STEP = 0.005
 
 _clients: dict[tuple[int, str, bytes | None], _Client] = {}
 _clients_lock = threading.Lock()
