@@ -146,6 +146,7 @@ class Connection:
         self._watcher: threading.Thread | None = None
         self._filed = threading.Condition()
         self._at_eof = False
+        self._wrote_here = False  # the creating process sent through this end
         _open.add(self)
 
     # -- connecting --------------------------------------------------------------------
@@ -186,7 +187,7 @@ class Connection:
         channel = self._channel
         if added:
             self._eof = False
-        elif channel is None or not channel.listening or channel.peer_count == 0:
+        elif (channel is None or not channel.listening or channel.peer_count == 0) and not self._twin_still_writes():
             self._eof = True  # the (last) process using the other end left
 
     def _local_peer(self) -> tuple[_PipeHome, Connection] | None:
@@ -208,6 +209,7 @@ class Connection:
         self._check_closed()
         if not self._writable:
             raise OSError("connection is read-only")
+        self._wrote_here = self._wrote_here or os.getpid() == self._creator_pid
         local = self._local_peer() if self._sender is None else None
         if local is not None:
             home, peer = local
@@ -303,7 +305,8 @@ class Connection:
     def _twin_still_writes(self) -> bool:
         """A copy of the other end closed, but another may still write: more processes are
         connected, or the other end is still open here in the creator (as with an OS pipe,
-        the end comes when every copy of the writing end is closed)."""
+        the end comes when every copy of the writing end is closed). An end the creator
+        never wrote through counts as handed off: its copy elsewhere decides."""
         channel = self._channel
         if channel is not None and channel.listening and channel.peer_count > 1:
             return True
@@ -312,7 +315,7 @@ class Connection:
             return False
         ref = home.ends[1 - self._side]
         twin = ref() if ref is not None else None
-        return twin is not None and not twin._closed and twin._writable
+        return twin is not None and not twin._closed and twin._writable and twin._wrote_here
 
     def _set_eof(self) -> None:
         self._at_eof = True

@@ -335,6 +335,17 @@ class TcpListener:
         self._cv = threading.Condition(threading.Lock())
         self._callbacks: list[PeerCallback] = []
         self._closed = False
+        # A pair (a Pipe's home) with one peer: the thread waiting in recv reads that peer's
+        # socket itself (no hand-off from the reactor); the reactor wakes it through
+        # ``_wake`` when frames from other peers land in the inbox.
+        self._direct: _Conn | None = None
+        self._direct_lock = threading.Lock()
+        self._wake: tuple[int, int] | None = None
+        if auth.kind == "pair":
+            r, w = os.pipe()
+            os.set_blocking(r, False)
+            os.set_blocking(w, False)
+            self._wake = (r, w)
         self._reactor = _get_reactor()
         self._reactor.call(self._start)
 
@@ -417,6 +428,24 @@ class TcpListener:
             if conn.session is None:
                 reject(self.address, conn.label, f"did not authenticate: {exc}", "refused_connections")
             self._drop(conn)
+            return
+        if (self._wake is not None and conn.session is not None and self._direct is None
+                and len(self._peers) == 1 and not self._closed):
+            # The pipe's one peer: from now on its socket is read by the thread in recv.
+            try:
+                self._reactor.sel.unregister(conn.sock)
+            except (KeyError, ValueError):
+                return
+            self._direct = conn
+            self._nudge()
+
+    def _nudge(self) -> None:
+        """Wake a thread reading the direct connection (something else arrived or changed)."""
+        if self._wake is not None and self._direct is not None:
+            try:
+                os.write(self._wake[1], b"!")
+            except OSError:
+                pass
 
     def _frame(self, conn: _Conn, frame: memoryview) -> None:
         session = conn.session
@@ -424,6 +453,7 @@ class TcpListener:
             with self._cv:
                 self._inbox.append((frame, session))
                 self._cv.notify()
+            self._nudge()
             return
         reply = conn.hs.feed(frame)  # HandshakeFailed closes the connection
         if reply is not None:
@@ -432,6 +462,8 @@ class TcpListener:
             conn.authenticated(conn.hs.session, self._limits.max_frame)
             self._pending.pop(conn, None)
             self._peers[conn.hs.session] = conn
+            if self._direct is not None:
+                self._end_direct()
             for cb in list(self._callbacks):
                 cb(conn.hs.session, True)
 
@@ -442,6 +474,9 @@ class TcpListener:
             pass
         self._pending.pop(conn, None)
         session = conn.session
+        if conn is self._direct:
+            self._direct = None
+            self._nudge_closed()
         conn.close()
         if session is not None and self._peers.pop(session, None) is not None:
             for cb in list(self._callbacks):
@@ -449,6 +484,27 @@ class TcpListener:
                     cb(session, False)
                 except Exception:  # pragma: no cover - a callback must not stop the reactor
                     pass
+
+    def _end_direct(self) -> None:
+        """A second peer: the reactor reads the first one again, so frames of all peers are
+        taken in the order they arrive (as writes to one OS pipe are)."""
+        conn, self._direct = self._direct, None
+        self._nudge_closed()
+        with self._direct_lock:  # a thread reading it directly finishes its read first
+            pass
+        if conn is not None and conn.session in self._peers:
+            try:
+                self._reactor.sel.register(conn.sock, selectors.EVENT_READ, lambda: self._readable(conn))
+            except (KeyError, ValueError):
+                return
+            self._readable(conn)
+
+    def _nudge_closed(self) -> None:
+        if self._wake is not None:
+            try:
+                os.write(self._wake[1], b"!")
+            except OSError:
+                pass
 
     def expire(self, now: float) -> None:
         """Close connections that did not authenticate in time."""
@@ -466,6 +522,14 @@ class TcpListener:
         self._sock.close()
         for conn in list(self._pending) + list(self._peers.values()):
             self._drop(conn)
+        if self._wake is not None:
+            with self._direct_lock:  # no thread polls them any more
+                for fd in self._wake:
+                    try:
+                        os.close(fd)
+                    except OSError:
+                        pass
+                self._wake = None
 
     # -- caller side --------------------------------------------------------------------------
     def send(self, data: bytes, peer: Hashable | None = None) -> None:
@@ -486,15 +550,61 @@ class TcpListener:
 
     def recv(self, timeout: float | None = None) -> tuple[memoryview, Hashable]:
         deadline = None if timeout is None else time.monotonic() + timeout
-        with self._cv:
-            while not self._inbox:
+        polled = False  # the direct connection was read at least once (a poll reads it too)
+        while True:
+            with self._cv:
+                if self._inbox:
+                    return self._inbox.popleft()
                 if self._closed:
                     raise TransportClosed(f"endpoint {self.address} is closed")
                 remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
+                expired = remaining is not None and remaining <= 0
+                if expired and (self._direct is None or polled):
                     raise TransportTimeout(f"no frame on {self.address} within {timeout} s")
-                self._cv.wait(remaining)
-            return self._inbox.popleft()
+                if self._direct is None or not self._direct_lock.acquire(blocking=False):
+                    if expired:
+                        raise TransportTimeout(f"no frame on {self.address} within {timeout} s")
+                    # the reactor (or another thread reading directly) delivers to the inbox
+                    self._cv.wait(remaining if self._direct is None else min(0.01, remaining or 0.01))
+                    continue
+            try:
+                self._read_direct(max(0.0, remaining) if remaining is not None else None)
+            finally:
+                self._direct_lock.release()
+            polled = True
+
+    def _read_direct(self, timeout: float | None) -> None:
+        """Read the direct connection into the inbox, waiting up to ``timeout`` for a frame."""
+        conn, wake = self._direct, self._wake
+        if conn is None or wake is None:
+            return
+        got: list[memoryview] = []
+        try:
+            try:
+                conn.pump(got.append)
+            except _WOULD_BLOCK:
+                pass
+            if not got:
+                poller = select.poll()
+                poller.register(conn.sock.fileno(), select.POLLIN)
+                poller.register(wake[0], select.POLLIN)
+                poller.poll(None if timeout is None else max(0.0, timeout) * 1000)
+                try:
+                    os.read(wake[0], 4096)
+                except OSError:
+                    pass
+                try:
+                    conn.pump(got.append)
+                except _WOULD_BLOCK:
+                    pass
+        except (_Broken, OSError, ValueError):
+            if conn is self._direct:
+                self._reactor.call(lambda: self._drop(conn))
+        if got:
+            session = conn.session
+            with self._cv:
+                self._inbox.extend((frame, session) for frame in got)  # type: ignore[misc]
+                self._cv.notify_all()
 
     def on_peer_event(self, callback: PeerCallback) -> None:
         self._callbacks.append(callback)
@@ -533,6 +643,7 @@ class TcpListener:
                 return
             self._closed = True
             self._cv.notify_all()
+        self._nudge_closed()
         if os.getpid() != self._pid:  # a forked child's copy: the parent's sockets are not ours
             self._sock.close()
             return
