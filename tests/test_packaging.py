@@ -3,8 +3,9 @@ missing one; the docker image, built from wheels, does not)."""
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 
