@@ -31,12 +31,13 @@ import selectors
 import socket
 import ssl
 import struct
+import sys
 import threading
 import time
 from collections.abc import Callable, Hashable
 from typing import Any
 
-from fibercore.errors import TransportClosed, TransportError, TransportTimeout
+from fibercore.errors import AuthenticationError, TransportClosed, TransportError, TransportTimeout
 from fibercore.hookspecs import hookimpl
 from fibercore.transport import PeerCallback
 from fibercore.wire.frames import reject
@@ -48,6 +49,11 @@ from fibercore.wire.handshake import (
     Session,
 )
 
+#: Also listen on an abstract Unix socket named after the TCP address, for peers in this
+#: network namespace (Linux only; never with TLS).
+LOCAL_SOCKETS = sys.platform.startswith("linux")
+#: Longest a thread reading a Pipe home's one peer blocks before it looks around again.
+DIRECT_STEP = 0.05
 #: Largest record on the stream; bigger frames are sent as several records.
 RECORD_MAX = 4 << 20
 _MORE = 1 << 31
@@ -55,6 +61,8 @@ _HEADER = struct.Struct("<I")
 _SCRATCH = 64 << 10  # read buffer of an authenticated connection (before: a handshake frame's size)
 _IOV_MAX = 512
 _WOULD_BLOCK = (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
+_DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0)
+_TIMEVAL = struct.Struct("@ll")
 
 
 class _Broken(Exception):
@@ -84,6 +92,7 @@ class _Conn:
     def __init__(self, sock: socket.socket, hs: Handshake, label: str) -> None:
         self.sock = sock
         self.tls = isinstance(sock, ssl.SSLSocket)
+        self._rcvtimeo: float | None = -1.0  # SO_RCVTIMEO last set (-1: never)
         self.hs = hs
         self.session: Session | None = None
         self.label = label
@@ -130,8 +139,8 @@ class _Conn:
                 if self.tls:
                     chunk = b"".join(iov[:_IOV_MAX])
                     n = self.sock.send(chunk)
-                else:
-                    n = self.sock.sendmsg(iov[:_IOV_MAX])
+                else:  # a plain socket is in blocking mode: MSG_DONTWAIT when we must not wait
+                    n = self.sock.sendmsg(iov[:_IOV_MAX], [], 0 if block and deadline is None else _DONTWAIT)
             except _WOULD_BLOCK:
                 if not block and not sent_any:
                     raise TransportTimeout(f"{self.label} cannot take a frame now") from None
@@ -162,28 +171,47 @@ class _Conn:
                 raise _Broken("connection failed")
 
     # -- reading ----------------------------------------------------------------------------
-    def pump(self, deliver: Callable[[memoryview], None]) -> None:
-        """Read what the socket has (without blocking) and ``deliver`` each complete frame.
+    def pump(self, deliver: Callable[[memoryview], None], wait: bool = False) -> None:
+        """Read what the socket has and ``deliver`` each complete frame.
 
-        Raises _Broken at EOF or when the peer breaks the limits; BlockingIOError-like
-        errors mean "nothing more now".
+        ``wait``: the first read blocks in the kernel up to the socket's receive timeout
+        (:meth:`receive_timeout`; a plain socket only) — no poll(), which costs a
+        multiple of a blocking read's wake-up on virtual machines. Raises _Broken at EOF
+        or when the peer breaks the limits; BlockingIOError-like errors mean "nothing
+        (more) now".
         """
         while True:
             body = self._body
             if body is not None and len(body) - self._bpos >= len(self._scratch):
-                n = self._recv_into(memoryview(body)[self._bpos:])
+                n = self._recv_into(memoryview(body)[self._bpos:], wait)
+                wait = False
                 self._bpos += n
                 if self._bpos == len(body):
                     self._end_record(deliver)
                 continue
-            n = self._recv_into(self._scratch)
+            n = self._recv_into(self._scratch, wait)
+            wait = False
             self._parse(memoryview(self._scratch)[:n], deliver)
             if n < len(self._scratch) and not (self.tls and self.sock.pending()):
                 return
 
-    def _recv_into(self, view: memoryview) -> int:
+    def receive_timeout(self, seconds: float | None) -> None:
+        """How long a waiting read blocks (None: until data or EOF); a plain socket only."""
+        if seconds is not None:
+            seconds = max(0.001, seconds)  # 0 would mean "forever"
+        if seconds == self._rcvtimeo:
+            return
+        whole = 0 if seconds is None else int(seconds)
+        micros = 0 if seconds is None else int((seconds - whole) * 1e6)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _TIMEVAL.pack(whole, micros))
+        self._rcvtimeo = seconds
+
+    def _recv_into(self, view: memoryview, wait: bool = False) -> int:
         try:
-            n = self.sock.recv_into(view)
+            if self.tls:
+                n = self.sock.recv_into(view)
+            else:
+                n = self.sock.recv_into(view, 0, 0 if wait else _DONTWAIT)
         except _WOULD_BLOCK:
             raise
         except OSError as exc:
@@ -322,9 +350,10 @@ class TcpListener:
     """A listening endpoint: many authenticated peers, frames handed to ``recv`` callers."""
 
     def __init__(self, sock: socket.socket, address: str, auth: Authenticator,
-                 tls: ssl.SSLContext | None) -> None:
+                 tls: ssl.SSLContext | None, local: socket.socket | None = None) -> None:
         self.address = address
         self._sock = sock
+        self._local = local  # the same endpoint on a Unix socket, for peers on this machine
         self._auth = auth
         self._limits = auth.limits
         self._tls = tls
@@ -354,12 +383,15 @@ class TcpListener:
         if self._closed:
             return
         self._reactor.listeners.add(self)
-        self._reactor.sel.register(self._sock, selectors.EVENT_READ, self._accept)
+        self._reactor.sel.register(self._sock, selectors.EVENT_READ, lambda: self._accept(self._sock))
+        if self._local is not None:
+            local = self._local
+            self._reactor.sel.register(local, selectors.EVENT_READ, lambda: self._accept(local))
 
-    def _accept(self) -> None:
+    def _accept(self, listening: socket.socket) -> None:
         for _ in range(64):
             try:
-                sock, addr = self._sock.accept()
+                sock, addr = listening.accept()
             except _WOULD_BLOCK:
                 return
             except OSError as exc:
@@ -367,15 +399,16 @@ class TcpListener:
                     reject(self.address, "?", f"cannot accept: {exc}", "refused_connections")
                     self._shed_pending()
                 return
-            label = f"{addr[0]}:{addr[1]}"
+            label = f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else "unix"
             if len(self._peers) >= self._limits.max_peers:
                 sock.close()
                 reject(self.address, label, "too many peers", "refused_connections")
                 continue
             if len(self._pending) >= self._limits.max_pending:
                 self._shed_pending()
-            sock.setblocking(False)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.setblocking(self._tls is None)  # plain: the reactor reads with MSG_DONTWAIT
+            if sock.family != socket.AF_UNIX:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             conn = _Conn(sock, self._auth.listener(label), label)
             self._pending[conn] = None
             if self._tls is not None:
@@ -515,11 +548,14 @@ class TcpListener:
 
     def _close_all(self) -> None:
         self._reactor.listeners.discard(self)
-        try:
-            self._reactor.sel.unregister(self._sock)
-        except (KeyError, ValueError):
-            pass
-        self._sock.close()
+        for listening in (self._sock, self._local):
+            if listening is None:
+                continue
+            try:
+                self._reactor.sel.unregister(listening)
+            except (KeyError, ValueError):
+                pass
+            listening.close()
         for conn in list(self._pending) + list(self._peers.values()):
             self._drop(conn)
         if self._wake is not None:
@@ -580,11 +616,19 @@ class TcpListener:
             return
         got: list[memoryview] = []
         try:
-            try:
-                conn.pump(got.append)
-            except _WOULD_BLOCK:
-                pass
-            if not got:
+            if not conn.tls:
+                # A blocking read, bounded so that a second peer or close() is noticed soon.
+                conn.receive_timeout(DIRECT_STEP if timeout is None else min(DIRECT_STEP, timeout))
+                try:
+                    conn.pump(got.append, wait=timeout is None or timeout > 0)
+                except _WOULD_BLOCK:
+                    pass
+            else:
+                try:
+                    conn.pump(got.append)
+                except _WOULD_BLOCK:
+                    pass
+            if not got and conn.tls:
                 poller = select.poll()
                 poller.register(conn.sock.fileno(), select.POLLIN)
                 poller.register(wake[0], select.POLLIN)
@@ -646,6 +690,8 @@ class TcpListener:
         self._nudge_closed()
         if os.getpid() != self._pid:  # a forked child's copy: the parent's sockets are not ours
             self._sock.close()
+            if self._local is not None:
+                self._local.close()
             return
         if threading.current_thread() is self._reactor.thread:
             self._close_all()
@@ -732,7 +778,16 @@ class TcpDialer:
                 if self._inbox:
                     break
                 try:
-                    self._conn._wait(select.POLLIN, deadline)
+                    if self._conn.tls:
+                        self._conn._wait(select.POLLIN, deadline)
+                        continue
+                    remaining = None if deadline is None else deadline - time.monotonic()
+                    if remaining is not None and remaining <= 0:
+                        raise TransportTimeout("timed out")
+                    self._conn.receive_timeout(remaining)  # a blocking read: no poll() wake-up
+                    self._conn.pump(self._inbox.append, wait=True)
+                except _WOULD_BLOCK:
+                    continue  # the receive timeout passed (checked above on the next turn)
                 except TransportTimeout:
                     raise TransportTimeout(f"no frame on {self.address} within {timeout} s") from None
                 except _Broken as exc:
@@ -755,10 +810,28 @@ class TcpDialer:
         return f"<TcpDialer {self.address}>"
 
 
+def _local_name(host: str, port: int) -> str:
+    """The abstract Unix socket name a listener on ``host:port`` also answers on (Linux)."""
+    return f"\0fibercore:{host}:{port}"
+
+
 def _dial(address: str, auth: Authenticator, tls: ssl.SSLContext | None, server_name: str | None) -> TcpDialer:
     scheme, host, port = _split_address(address)
+    if tls is None and LOCAL_SOCKETS:
+        # Same machine (same network namespace): a Unix socket costs a tenth of TCP
+        # loopback per message. Anything else (no such socket, a squatter that cannot
+        # authenticate) falls back to TCP.
+        try:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.connect(_local_name(host, port))
+            except OSError:
+                sock.close()
+                raise
+            return _handshake(sock, address, auth)
+        except (OSError, TransportError, AuthenticationError):
+            pass
     timeout = auth.limits.handshake_timeout
-    deadline = time.monotonic() + timeout
     try:
         sock = socket.create_connection((host, port), timeout=timeout)
     except OSError as exc:
@@ -773,6 +846,14 @@ def _dial(address: str, auth: Authenticator, tls: ssl.SSLContext | None, server_
     except (OSError, ValueError) as exc:
         sock.close()
         raise TransportError(f"cannot connect to {address}: TLS failed: {exc}") from exc
+    return _handshake(sock, address, auth)
+
+
+def _handshake(sock: socket.socket, address: str, auth: Authenticator) -> TcpDialer:
+    """Authenticate a connected socket as the dialling side; the endpoint, or an error."""
+    timeout = auth.limits.handshake_timeout
+    deadline = time.monotonic() + timeout
+    sock.setblocking(False)
     hs = auth.dialer(address)
     conn = _Conn(sock, hs, address)
     frames: collections.deque[memoryview] = collections.deque()
@@ -799,12 +880,12 @@ def _dial(address: str, auth: Authenticator, tls: ssl.SSLContext | None, server_
         raise TransportError(f"{address} did not complete authentication within {timeout:.0f} s") from None
     except (_Broken, HandshakeFailed) as exc:
         conn.close()
-        from fibercore.errors import AuthenticationError
-
         raise AuthenticationError(
             f"{address} refused this connection ({exc}): it does not hold the same secret (another "
             "session's, or a manager with another authkey), or it is not a fibercore endpoint"
         ) from None
+    if not conn.tls:
+        sock.setblocking(True)  # reads wait in the kernel (receive_timeout); MSG_DONTWAIT otherwise
     dialer = TcpDialer(conn, address)
     dialer._inbox.extend(frames)
     return dialer
@@ -846,8 +927,19 @@ class TcpTransport:
             ) from exc
         sock.setblocking(False)
         port = sock.getsockname()[1]
-        address = _format_address(self._scheme, advertise_host or bind_host, port)
-        return TcpListener(sock, address, auth, self._server_ctx)
+        adv = advertise_host or bind_host
+        address = _format_address(self._scheme, adv, port)
+        local = None
+        if self._server_ctx is None and LOCAL_SOCKETS:
+            local = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                local.bind(_local_name(adv, port))
+                local.listen(512)
+                local.setblocking(False)
+            except OSError:  # the name is taken: peers here use TCP
+                local.close()
+                local = None
+        return TcpListener(sock, address, auth, self._server_ctx, local)
 
     def dial(self, kind: str, address: str, auth: Authenticator | None = None) -> TcpDialer:
         if auth is None:
