@@ -15,8 +15,9 @@ The wire protocol, step by step:
      it under a random one-time token; the job's environment carries the master's
      address, the session id, the token and (by the backend's safest means) the
      session secret.
-  2. The worker dials the master and sends HELLO(token, pid, host) in an
-     authenticated frame. Frames that fail authentication are dropped unread.
+  2. The worker dials the master; the connection authenticates (the mutual
+     handshake of :mod:`fibercore.wire.handshake`) and then the worker sends
+     HELLO(token, pid, host). Frames that fail authentication are dropped unread.
   3. The hub answers PREP(prep data, process) to that peer only. A token is used
      once; an unknown token gets ERROR and nothing else.
   4. The worker runs the process and sends EXIT(exitcode) before it exits.

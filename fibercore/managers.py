@@ -5,11 +5,12 @@
     process with proxies                               manager server (a job)
     proxy._callmethod ─▶ client (one per process       router hub ─▶ per-object call queues
                           and server; request ids)  ◀── REPLY        run on a thread pool
-                          ◀─ future per call
+                          ◀─ future per call: the first waiting thread reads every answer
 
 * ``BaseManager.start()`` runs the server as a Process on the selected backend; the
   server sends its address back through a Pipe. ``connect()`` joins a running one.
-* Every frame is authenticated (the session secret, or the manager's ``authkey``):
+* Every connection authenticates first (the session secret, or the manager's
+  ``authkey``; a wrong one is ``AuthenticationError``) and every frame after it:
   nothing from an unauthenticated peer is unpickled.
 * A proxy pickles to its token (type, server address, object id); unpickled in
   another job it connects to the server and keeps working. The server keeps an
