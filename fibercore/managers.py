@@ -84,11 +84,12 @@ class Token:
 class _Server:
     """Holds the shared objects and runs calls on them (in the manager's job)."""
 
-    def __init__(self, registry: dict[str, tuple[Any, ...]], key: bytes | None) -> None:
+    def __init__(self, registry: dict[str, tuple[Any, ...]], key: bytes | None, host: str | None = None,
+                 port: int = 0) -> None:
         rt = get_runtime()
         self.serializer = rt.serializer
         self.registry = registry
-        self.channel = rt.listen("router", key)
+        self.channel = rt.listen("router", key, host=host, port=port)
         self.address = self.channel.address
         self.objects: dict[int, list[Any]] = {}  # id -> [obj, exposed, method_to_typeid, refs]
         self.ids = itertools.count(1)
@@ -237,12 +238,58 @@ def public_methods(obj: Any) -> tuple[str, ...]:
     return tuple(name for name in dir(obj) if name[0] != "_" and callable(getattr(obj, name, None)))
 
 
+def _bind_request(address: Any) -> tuple[str | None, int]:
+    """(host, port) a server listens on for a manager ``address``: a (host, port) tuple,
+    a ``tcp://host:port`` address or None (the backend's listen host, a port the OS picks)."""
+    if address is None:
+        return None, 0
+    if isinstance(address, tuple) and len(address) == 2:
+        return (address[0] or None), int(address[1])
+    if isinstance(address, str) and "://" in address:
+        host, _, port = address.split("://", 1)[1].rpartition(":")
+        return host.strip("[]"), int(port)
+    raise ValueError(f"a manager address is a (host, port) tuple or 'tcp://host:port', not {address!r}")
+
+
+def _dial_address(address: Any) -> str | None:
+    """The transport address to connect to for a manager ``address``."""
+    if isinstance(address, tuple):
+        host, port = _bind_request(address)
+        host = host or "127.0.0.1"
+        return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+    return address
+
+
+class Server:
+    """multiprocessing's ``Server`` API over a fibercore manager server in this process."""
+
+    def __init__(self, registry: dict[str, tuple[Any, ...]], key: bytes | None, host: str | None,
+                 port: int) -> None:
+        self._server = _Server(registry, key, host, port)
+        self.address = self._server.address
+        self.listener = self._server.channel  # close() stops accepting, as mp's Listener
+
+    def serve_forever(self) -> None:
+        try:
+            self._server.serve_forever()
+        finally:
+            self._server.channel.close()
+
+
 def _run_server(registry: dict[str, tuple[Any, ...]], key: bytes | None, reply: Any,
-                initializer: Callable[..., Any] | None, initargs: tuple[Any, ...]) -> None:
-    """The manager job: build the server, report its address, serve until shutdown."""
+                initializer: Callable[..., Any] | None, initargs: tuple[Any, ...],
+                host: str | None = None, port: int = 0) -> None:
+    """The manager job: build the server, report its address (or why it cannot listen),
+    serve until shutdown."""
     if initializer is not None:
         initializer(*initargs)
-    server = _Server(registry, key)
+    try:
+        server = _Server(registry, key, host, port)
+    except TransportError as exc:  # e.g. the fixed port is taken: the caller raises OSError
+        cause = exc.__cause__
+        reply.send(("cannot listen", getattr(cause, "errno", None), str(exc)))
+        reply.close()
+        return
     reply.send(server.address)
     reply.close()
     server.serve_forever()
@@ -670,7 +717,8 @@ class BaseManager:
             raise ValueError(f"unknown serializer {serializer!r}: use one of {', '.join(SERIALIZERS)} "
                              "('pickle' and 'fiber' are the same: cloudpickle)")
         self._serializer = serializer
-        self._address = address
+        self._requested = _bind_request(address)  # where start()/get_server() listen
+        self._address = _dial_address(address)
         self._authkey = bytes(authkey) if authkey is not None else None
         self._process: Any = None
         self._state = "initial"
@@ -688,7 +736,7 @@ class BaseManager:
         reader, writer = Pipe(duplex=False)
         self._process = Process(
             target=_run_server,
-            args=(dict(self._registry), self._authkey, writer, initializer, tuple(initargs)),
+            args=(dict(self._registry), self._authkey, writer, initializer, tuple(initargs), *self._requested),
             name=type(self).__name__ + "-server",
         )
         self._process.start()
@@ -699,7 +747,11 @@ class BaseManager:
             raise ProcessError(f"the manager server did not report its address within {timeout:.0f} s; "
                                f"its logs:\n{self._process.logs()}")
         try:
-            self._address = reader.recv()
+            answer = reader.recv()
+            if isinstance(answer, tuple):  # the server could not listen where it was asked to
+                self._process.join(5)
+                raise OSError(answer[1] or 0, f"the manager server cannot listen on {self._requested}: {answer[2]}")
+            self._address = answer
         except EOFError:
             self._process.join(5)
             raise ProcessError(
@@ -734,9 +786,12 @@ class BaseManager:
             ) from None
         self._state = "connected"
 
-    def get_server(self) -> Any:
-        raise NotImplementedError(
-            "fibercore runs the server as a job: use start() (or connect() to a running one)")
+    def get_server(self) -> Server:
+        """A server in this process on the manager's address (``serve_forever()`` runs it);
+        ``start()`` runs one as a job instead."""
+        if self._state != "initial":
+            raise ProcessError(f"cannot make a server for a manager that is {self._state}")
+        return Server(dict(self._registry), self._authkey, *self._requested)
 
     def shutdown(self) -> None:
         """Stop the server (and its job) if this manager started it."""

@@ -55,13 +55,14 @@ class Runtime:
     def bind_host(self) -> str:
         return self.config.get("bind_host") or self.listen_host
 
-    def listen(self, kind: str, key: bytes | None = None) -> Channel:
+    def listen(self, kind: str, key: bytes | None = None, host: str | None = None, port: int = 0) -> Channel:
         """A new authenticated listening channel on the backend's listen host.
 
         ``key`` replaces the session secret (a manager with its own ``authkey``).
         """
         auth = Authenticator(key or self.secret, kind, self.limits)
-        endpoint = self.transport.listen(kind, self.bind_host, self.listen_host, auth=auth)
+        fixed = {"port": port} if port else {}  # a fixed port (a manager's address): transports may refuse
+        endpoint = self.transport.listen(kind, host or self.bind_host, host or self.listen_host, auth=auth, **fixed)
         return Channel(endpoint, kind, listening=True)
 
     def dial(self, kind: str, address: str, key: bytes | None = None) -> Channel:

@@ -77,10 +77,11 @@ class Transport(Protocol):
     name: str
 
     def listen(self, kind: str, bind_host: str, advertise_host: str | None = None,
-               auth: Authenticator | None = None) -> Endpoint:
+               auth: Authenticator | None = None, port: int = 0) -> Endpoint:
         """Open a listening endpoint of ``kind`` ('pair' or 'router') on ``bind_host``.
 
-        The port is chosen by the OS (never guessed). ``address`` of the result uses
+        The port is chosen by the OS (never guessed) unless ``port`` is given (a manager
+        created with a fixed address); a transport that cannot honour it raises. ``address`` of the result uses
         ``advertise_host`` when given.
         """
 

@@ -911,14 +911,14 @@ class TcpTransport:
             self._client_ctx.check_hostname = bool(tls.get("server_name"))
 
     def listen(self, kind: str, bind_host: str, advertise_host: str | None = None,
-               auth: Authenticator | None = None) -> TcpListener:
+               auth: Authenticator | None = None, port: int = 0) -> TcpListener:
         if auth is None:
             raise TransportError("fibercore's tcp transport authenticates every connection: pass auth=")
         family = socket.AF_INET6 if ":" in bind_host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((bind_host, 0))
+            sock.bind((bind_host, port))
             sock.listen(512)
         except OSError as exc:
             sock.close()

@@ -86,8 +86,6 @@ NOT_APPLICABLE: dict[str, str] = {
     "_TestConnection.test_missing_fd_transfer": "passes an OS file descriptor (see test_fd_transfer)",
     "_TestPoll.test_boundaries": "reads one end of a Pipe from two processes (an OS pipe is one "
         "buffer they share); a fibercore Pipe connects two processes: use a Queue for several readers",
-    "_TestManagerRestart.test_rapid_restart": "get_server() serves in this process and restarts on "
-        "a fixed address; fibercore's manager server is a job (start()), see the compat page",
 }
 
 
