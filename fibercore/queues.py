@@ -51,9 +51,20 @@ Full = _stdlib_queue.Full
  TASKDONE, JOIN, JOINED, BYE) = range(1, 17)
 
 MAX_GRANT = 256
+#: A reader with this many items left in its buffer asks for the next batch.
+PREFETCH_AT = MAX_GRANT // 4
 _brokers: dict[str, _Broker] = {}
 _clients: dict[tuple[int, str], _Client] = {}
 _clients_lock = threading.Lock()
+
+
+_PID = [os.getpid()]
+os.register_at_fork(after_in_child=lambda: _PID.__setitem__(0, os.getpid()))
+
+
+def _pid() -> int:
+    """This process's id, without a system call per queue operation."""
+    return _PID[0]
 
 
 def _size(parts: list[Any]) -> int:
@@ -165,7 +176,8 @@ class _Broker:
                     raise Full
                 self.cv.wait(remaining)
             self._append(parts)
-            self._changed()
+            if self.waiting or self.local_getters:  # wake only who waits for an item
+                self._changed()
 
     def get_local(self, block: bool, timeout: float | None) -> list[Any]:
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -414,6 +426,12 @@ class _Client:
             parts = self.buffer.popleft()
             self.consumed += 1
             self.gets += 1
+            if block and not self.outstanding and len(self.buffer) == PREFETCH_AT:
+                # Ask for the next batch before this one runs out: the round trip to the
+                # broker overlaps with consuming what is here (items stay leased, so a
+                # waiting reader elsewhere still gets its share through RECALL).
+                self.sender.put((GET, [_b(MAX_GRANT), _b(self.consumed), b"0"]))
+                self.outstanding = True
             return parts
 
     def give_back(self) -> None:
@@ -478,7 +496,7 @@ class Queue:
 
     # -- plumbing -----------------------------------------------------------------------------
     def _local(self) -> _Broker | None:
-        return _brokers.get(self._qid) if os.getpid() == self._creator else None
+        return _brokers.get(self._qid) if _pid() == self._creator else None
 
     def __reduce__(self) -> Any:
         return (_rebuild, (type(self), self._qid, self._address, self._creator, self._maxsize,

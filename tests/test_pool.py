@@ -138,7 +138,8 @@ def test_async_result_timeout_ready_successful_wait(pool):
         r.get(timeout=0.01)
     r.wait(30)
     assert r.ready() and r.successful() and r.get() == 9
-    it = pool.imap(T.slow_square, [1, 2], 1)
+    # Tasks of 0.3 s: a thread switch (up to 5 ms) while next() waits cannot let the result in.
+    it = pool.imap(functools.partial(T.slow_square, seconds=0.3), [1, 2], 1)
     with pytest.raises(multiprocessing.TimeoutError):
         it.next(timeout=0.0001)
     assert list(it) == [1, 4]
