@@ -86,3 +86,13 @@ def put_megabytes(q: Any, count: int) -> None:
     """``count`` items of 1 MiB each, numbered in their first bytes."""
     for i in range(count):
         q.put(i.to_bytes(4, "little") + bytes(1 << 20))
+
+
+def connected_router(rt: Any) -> tuple[Any, Any, Any]:
+    """A listening router channel, a channel dialled to it, and the dialler as the hub's peer."""
+    hub = rt.listen("router")
+    spoke = rt.dial("router", hub.address)
+    spoke.send([(1, [b"hello"])])
+    messages, peer = hub.recv(timeout=10)
+    assert messages[0][0] == 1
+    return hub, spoke, peer

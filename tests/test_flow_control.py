@@ -9,16 +9,11 @@ from hypothesis import strategies as st
 
 import fibercore as mp
 from fibercore.errors import TransportError
+from tests.helpers import connected_router
 
 
 def _pair():
-    rt = mp.get_runtime()
-    hub = rt.listen("router")
-    spoke = rt.dial("router", hub.address)
-    spoke.send([(1, [b"hello"])])
-    messages, peer = hub.recv(timeout=10)
-    assert messages[0][0] == 1
-    return hub, spoke, peer
+    return connected_router(mp.get_runtime())
 
 
 @settings(max_examples=5, deadline=None, suppress_health_check=list(HealthCheck))

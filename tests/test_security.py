@@ -327,11 +327,9 @@ def test_replayed_frames_are_dropped_not_delivered_twice():
 
 def test_reflected_frames_are_dropped():
     """A frame sealed for the listener-to-dialler direction, sent back to the listener, fails."""
-    rt = mp.get_runtime()
-    hub = rt.listen("router")
-    spoke = rt.dial("router", hub.address)
-    spoke.send([(1, [b"hi"])])
-    _, peer = hub.recv(timeout=5)
+    from tests.helpers import connected_router
+
+    hub, spoke, peer = connected_router(mp.get_runtime())
     sealed = b"".join(peer.sealer.seal([(9, [b"reflected"])]))  # what the hub would send
     before = stats["rejected_frames"]
     spoke.endpoint._conn.write([sealed])  # ... reflected back to it on the same connection

@@ -474,11 +474,8 @@ class TcpListener:
 
     def _nudge(self) -> None:
         """Wake a thread reading the direct connection (something else arrived or changed)."""
-        if self._wake is not None and self._direct is not None:
-            try:
-                os.write(self._wake[1], b"!")
-            except OSError:
-                pass
+        if self._direct is not None:
+            self._nudge_closed()
 
     def _frame(self, conn: _Conn, frame: memoryview) -> None:
         session = conn.session
@@ -533,6 +530,7 @@ class TcpListener:
             self._readable(conn)
 
     def _nudge_closed(self) -> None:
+        """Wake a thread reading the direct connection, whether or not it is still direct."""
         if self._wake is not None:
             try:
                 os.write(self._wake[1], b"!")
@@ -842,7 +840,6 @@ def _dial(address: str, auth: Authenticator, tls: ssl.SSLContext | None, server_
             if tls is None:
                 raise TransportError(f"{address} expects TLS: set tls = true (with tls_cert_file and tls_ca_file)")
             sock = tls.wrap_socket(sock, server_hostname=server_name)
-        sock.setblocking(False)
     except (OSError, ValueError) as exc:
         sock.close()
         raise TransportError(f"cannot connect to {address}: TLS failed: {exc}") from exc
