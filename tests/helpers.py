@@ -96,3 +96,10 @@ def connected_router(rt: Any) -> tuple[Any, Any, Any]:
     messages, peer = hub.recv(timeout=10)
     assert messages[0][0] == 1
     return hub, spoke, peer
+
+
+def pipe_echo_n(conn: Any, n: int) -> None:
+    """Echo ``n`` messages, then wait for one more before leaving."""
+    for _ in range(n):
+        conn.send_bytes(conn.recv_bytes())
+    conn.recv_bytes()

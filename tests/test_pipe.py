@@ -95,3 +95,44 @@ def test_connection_wait():
     assert wait([b, d], timeout=0.05) == []
     a.send(1)
     assert wait([b, d], timeout=5) == [b]
+
+
+_SPIN_SCRIPT = """
+import time
+import fibercore as mp
+from tests.helpers import pipe_echo_n
+
+if __name__ == "__main__":
+    a, b = mp.Pipe()
+    p = mp.Process(target=pipe_echo_n, args=(b, 200))
+    p.start()
+    for i in range(200):
+        a.send_bytes(i.to_bytes(4, "little"))
+        assert a.recv_bytes() == i.to_bytes(4, "little")
+    t0 = time.monotonic()
+    assert not a.poll(0.2)  # a waiting read that spins first still honours its timeout
+    waited = time.monotonic() - t0
+    assert 0.15 < waited < 2.0, waited
+    a.send_bytes(b"bye")
+    p.join(30)
+    assert p.exitcode == 0
+    print("ok")
+"""
+
+
+@pytest.mark.parametrize("spin_us", ["0", "50", "5000"])
+def test_round_trips_and_timeouts_with_any_spin_wait(tmp_path, spin_us):
+    """``spin_wait`` (microseconds a waiting read polls before it sleeps) changes speed only:
+    without it the read blocks in the kernel at once, with a long one it polls first."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "spin.py"
+    script.write_text(_SPIN_SCRIPT)
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "FIBER_SPIN_WAIT": spin_us, "PYTHONPATH": str(root)}
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip() == "ok"

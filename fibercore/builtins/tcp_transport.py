@@ -62,6 +62,8 @@ _SCRATCH = 64 << 10  # read buffer of an authenticated connection (before: a han
 _IOV_MAX = 512
 _WOULD_BLOCK = (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
 _DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0)
+#: Seconds a waiting read polls the socket before it sleeps in the kernel (config ``spin_wait``).
+DEFAULT_SPIN = 50e-6
 _TIMEVAL = struct.Struct("@ll")
 
 
@@ -89,8 +91,9 @@ def _format_address(scheme: str, host: str, port: int) -> str:
 class _Conn:
     """One connection: record framing in both directions, and its handshake state."""
 
-    def __init__(self, sock: socket.socket, hs: Handshake, label: str) -> None:
+    def __init__(self, sock: socket.socket, hs: Handshake, label: str, spin: float = DEFAULT_SPIN) -> None:
         self.sock = sock
+        self.spin = spin
         self.tls = isinstance(sock, ssl.SSLSocket)
         self._rcvtimeo: float | None = -1.0  # SO_RCVTIMEO last set (-1: never)
         self.hs = hs
@@ -210,6 +213,8 @@ class _Conn:
         try:
             if self.tls:
                 n = self.sock.recv_into(view)
+            elif wait and self.spin > 0:
+                n = self._spin_then_wait(view)
             else:
                 n = self.sock.recv_into(view, 0, 0 if wait else _DONTWAIT)
         except _WOULD_BLOCK:
@@ -219,6 +224,24 @@ class _Conn:
         if n == 0:
             raise _Broken("closed by the peer")
         return n
+
+    def _spin_then_wait(self, view: memoryview) -> int:
+        """A waiting read: poll for ``spin`` seconds, then block in the kernel.
+
+        A reply often comes within tens of microseconds; a thread that sleeps for it
+        pays the wake-up of an idle CPU (on virtual machines, a hypervisor exit costing
+        more than the reply's own work), and so does the sender, whose write must wake
+        it. Polling briefly first keeps both sides on the fast path; a longer wait costs
+        at most ``spin`` seconds of one core.
+        """
+        end = time.perf_counter() + self.spin
+        recv_into = self.sock.recv_into
+        while True:
+            try:
+                return recv_into(view, 0, _DONTWAIT)
+            except _WOULD_BLOCK:
+                if time.perf_counter() > end:
+                    return recv_into(view, 0, 0)
 
     def _parse(self, view: memoryview, deliver: Callable[[memoryview], None]) -> None:
         while view:
@@ -350,8 +373,10 @@ class TcpListener:
     """A listening endpoint: many authenticated peers, frames handed to ``recv`` callers."""
 
     def __init__(self, sock: socket.socket, address: str, auth: Authenticator,
-                 tls: ssl.SSLContext | None, local: socket.socket | None = None) -> None:
+                 tls: ssl.SSLContext | None, local: socket.socket | None = None,
+                 spin: float = DEFAULT_SPIN) -> None:
         self.address = address
+        self._spin = spin
         self._sock = sock
         self._local = local  # the same endpoint on a Unix socket, for peers on this machine
         self._auth = auth
@@ -409,7 +434,7 @@ class TcpListener:
             sock.setblocking(self._tls is None)  # plain: the reactor reads with MSG_DONTWAIT
             if sock.family != socket.AF_UNIX:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conn = _Conn(sock, self._auth.listener(label), label)
+            conn = _Conn(sock, self._auth.listener(label), label, self._spin)
             self._pending[conn] = None
             if self._tls is not None:
                 try:
@@ -813,7 +838,8 @@ def _local_name(host: str, port: int) -> str:
     return f"\0fibercore:{host}:{port}"
 
 
-def _dial(address: str, auth: Authenticator, tls: ssl.SSLContext | None, server_name: str | None) -> TcpDialer:
+def _dial(address: str, auth: Authenticator, tls: ssl.SSLContext | None, server_name: str | None,
+          spin: float = DEFAULT_SPIN) -> TcpDialer:
     scheme, host, port = _split_address(address)
     if tls is None and LOCAL_SOCKETS:
         # Same machine (same network namespace): a Unix socket costs a tenth of TCP
@@ -826,7 +852,7 @@ def _dial(address: str, auth: Authenticator, tls: ssl.SSLContext | None, server_
             except OSError:
                 sock.close()
                 raise
-            return _handshake(sock, address, auth)
+            return _handshake(sock, address, auth, spin)
         except (OSError, TransportError, AuthenticationError):
             pass
     timeout = auth.limits.handshake_timeout
@@ -843,16 +869,16 @@ def _dial(address: str, auth: Authenticator, tls: ssl.SSLContext | None, server_
     except (OSError, ValueError) as exc:
         sock.close()
         raise TransportError(f"cannot connect to {address}: TLS failed: {exc}") from exc
-    return _handshake(sock, address, auth)
+    return _handshake(sock, address, auth, spin)
 
 
-def _handshake(sock: socket.socket, address: str, auth: Authenticator) -> TcpDialer:
+def _handshake(sock: socket.socket, address: str, auth: Authenticator, spin: float = DEFAULT_SPIN) -> TcpDialer:
     """Authenticate a connected socket as the dialling side; the endpoint, or an error."""
     timeout = auth.limits.handshake_timeout
     deadline = time.monotonic() + timeout
     sock.setblocking(False)
     hs = auth.dialer(address)
-    conn = _Conn(sock, hs, address)
+    conn = _Conn(sock, hs, address, spin)
     frames: collections.deque[memoryview] = collections.deque()
 
     def deliver(frame: memoryview) -> None:
@@ -893,8 +919,9 @@ class TcpTransport:
 
     name = "tcp"
 
-    def __init__(self, tls: dict[str, Any] | None = None) -> None:
+    def __init__(self, tls: dict[str, Any] | None = None, spin: float = DEFAULT_SPIN) -> None:
         self._tls_options = tls
+        self._spin = max(0.0, spin)
         self._scheme = "tls+tcp" if tls else "tcp"
         self._server_ctx: ssl.SSLContext | None = None
         self._client_ctx: ssl.SSLContext | None = None
@@ -936,13 +963,13 @@ class TcpTransport:
             except OSError:  # the name is taken: peers here use TCP
                 local.close()
                 local = None
-        return TcpListener(sock, address, auth, self._server_ctx, local)
+        return TcpListener(sock, address, auth, self._server_ctx, local, self._spin)
 
     def dial(self, kind: str, address: str, auth: Authenticator | None = None) -> TcpDialer:
         if auth is None:
             raise TransportError("fibercore's tcp transport authenticates every connection: pass auth=")
         server_name = (self._tls_options or {}).get("server_name")
-        return _dial(address, auth, self._client_ctx, server_name)
+        return _dial(address, auth, self._client_ctx, server_name, self._spin)
 
 
 def _after_fork_in_child() -> None:
@@ -965,7 +992,10 @@ class TcpPlugin:
                 "ca": config.get("tls_ca_file"),
                 "server_name": config.get("tls_server_name"),
             }
-        return TcpTransport(tls)
+        spin = DEFAULT_SPIN
+        if config is not None and config.get("spin_wait") is not None:
+            spin = float(config.get("spin_wait")) * 1e-6
+        return TcpTransport(tls, spin)
 
 
 plugin = TcpPlugin()

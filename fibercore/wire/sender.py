@@ -47,18 +47,28 @@ class Sender:
         self._high_water = high_water
         self._last_put = 0.0
         self._thread: threading.Thread | None = None
+        self._waiting = 0  # callers blocked in put (back-pressure) or flush
+
+    def _wait(self, timeout: float | None = None) -> None:
+        """Wait on the condition as a caller (not the sending thread): counted, so that an
+        idle line's sends wake nobody (a wake-up per message costs more than the send)."""
+        self._waiting += 1
+        try:
+            self._cv.wait(timeout)
+        finally:
+            self._waiting -= 1
 
     def put(self, message: Message) -> None:
-        size = sum(nbytes(p) for p in message[1]) + 16
+        parts = message[1]
+        size = (nbytes(parts[0]) if len(parts) == 1 else sum(map(nbytes, parts))) + 16 if parts else 16
         with self._cv:
             if self._error is not None:
                 raise TransportClosed(f"cannot send: {self._error}")
             while self._bytes > self._high_water and not self._closed and self._error is None:
-                self._cv.wait()
+                self._wait()
             if self._closed:
                 raise TransportClosed("the connection is closed")
-            now = time.perf_counter()
-            inline = (not self._busy and not self._queue and now - self._last_put > BURST_GAP
+            inline = (not self._busy and not self._queue and time.perf_counter() - self._last_put > BURST_GAP
                       and self._channel.has_peer)
             if inline:
                 self._busy = True
@@ -68,8 +78,8 @@ class Sender:
                 if self._thread is None:
                     self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
                     self._thread.start()
-                elif len(self._queue) == 1:
-                    self._cv.notify_all()
+                elif len(self._queue) == 1 and not self._busy:
+                    self._cv.notify_all()  # the sending thread (a busy sender looks again when done)
         if not inline:
             return
         try:
@@ -83,7 +93,8 @@ class Sender:
             with self._cv:
                 self._busy = False
                 self._last_put = time.perf_counter()
-                self._cv.notify_all()
+                if self._queue or self._waiting:  # queued meanwhile, or a flush() waits
+                    self._cv.notify_all()
 
     def _run(self) -> None:
         while True:
@@ -100,7 +111,8 @@ class Sender:
                     size += n
                 self._bytes -= size
                 self._busy = True
-                self._cv.notify_all()
+                if self._waiting:  # a put blocked by back-pressure may go on
+                    self._cv.notify_all()
             try:
                 self._send(batch)
             except BaseException as exc:  # closed endpoint: drop the rest, fail later puts
@@ -112,7 +124,8 @@ class Sender:
                 return
             with self._cv:
                 self._busy = False
-                self._cv.notify_all()
+                if self._waiting:
+                    self._cv.notify_all()
 
     def _send(self, batch: list[Message]) -> None:
         """Send one batch; a send that times out is tried again until the peer is known gone."""
@@ -132,7 +145,7 @@ class Sender:
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     return False
-                self._cv.wait(remaining)
+                self._wait(remaining)
         return True
 
     def close(self, flush: bool = True, timeout: float | None = 10.0) -> None:
