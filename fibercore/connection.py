@@ -28,7 +28,7 @@ from collections import deque
 from typing import Any
 
 from fibercore.errors import TransportClosed, TransportTimeout
-from fibercore.lifetime import flush_in_multiprocessing_children
+from fibercore.lifetime import current_pid, flush_in_multiprocessing_children
 from fibercore.runtime import adopt_credentials, credentials_for_child, get_runtime
 from fibercore.serialization import dumps_or_explain
 from fibercore.wire import Channel, Sender
@@ -206,10 +206,18 @@ class Connection:
         return home, peer
 
     def _send(self, op: int, parts: list[Any]) -> None:
+        sender = self._sender
+        if sender is not None and not self._closed and self._pid == current_pid() and not self._eof:
+            # Connected already (the common case): straight to the sender.
+            try:
+                sender.put((op, parts))
+                return
+            except TransportClosed as exc:
+                raise BrokenPipeError(f"the other end of the pipe {self._address} is gone: {exc}") from None
         self._check_closed()
         if not self._writable:
             raise OSError("connection is read-only")
-        self._wrote_here = self._wrote_here or os.getpid() == self._creator_pid
+        self._wrote_here = self._wrote_here or current_pid() == self._creator_pid
         local = self._local_peer() if self._sender is None else None
         if local is not None:
             home, peer = local
@@ -221,7 +229,7 @@ class Connection:
             if peer._ready is not None:
                 peer._ready.set()
             return
-        if self._sender is None or self._pid != os.getpid():
+        if self._sender is None or self._pid != current_pid():
             channel = self._connect()
             with self._lock:
                 if self._sender is None:
@@ -355,6 +363,9 @@ class Connection:
         return get_runtime().serializer.loads(parts)
 
     def send_bytes(self, buf: Any, offset: int = 0, size: int | None = None) -> None:
+        if type(buf) is bytes and offset == 0 and size is None:  # immutable: sent as it is
+            self._send(BYTES, [buf])
+            return
         view = memoryview(buf).cast("B")
         if offset < 0 or offset > len(view):
             raise ValueError("offset is negative or out of range")

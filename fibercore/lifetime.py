@@ -126,9 +126,18 @@ def flush_in_multiprocessing_children(flush: Callable[[], None]) -> None:
     util.Finalize(None, flush, exitpriority=10)
 
 
+_PID = [os.getpid()]
+
+
+def current_pid() -> int:
+    """This process's id, without a system call (hot paths check it to notice a fork)."""
+    return _PID[0]
+
+
 def _after_fork_in_child() -> None:
     """A forked child owns none of its parent's pools or servers, nor its reaper."""
     global _wakeup
+    _PID[0] = os.getpid()
     _due.clear()
     _collected.clear()
     _wakeup = None

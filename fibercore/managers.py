@@ -3,9 +3,14 @@
 ::
 
     process with proxies                               manager server (a job)
-    proxy._callmethod ─▶ client (one per process       router hub ─▶ per-object call queues
-                          and server; request ids)  ◀── REPLY        run on a thread pool
-                          ◀─ future per call: the first waiting thread reads every answer
+    proxy._callmethod ─▶ client (one per process       serving threads: the one that reads
+                          and server; request ids)     a request runs it (lanes keep order)
+                          ◀─ future per call: the  ◀── REPLY
+                             first waiting thread reads every answer
+
+Request: op (CREATE, CALL, INCREF, DECREF, SHUTDOWN), parts ``[u64 request id, u64
+object id, u64 calling thread] + pickle``; answer: op REPLY, ``[u64 request id, u64
+kind (RETURN, ERROR, PROXY)] + pickle``.
 
 * ``BaseManager.start()`` runs the server as a Process on the selected backend; the
   server sends its address back through a Pipe. ``connect()`` joins a running one.
@@ -16,8 +21,9 @@
   another job it connects to the server and keeps working. The server keeps an
   object while proxies reference it (incref on creation and unpickling, decref
   when a proxy is collected).
-* Calls on one object from one process run in order; calls on different objects
-  run in parallel. :class:`AsyncManager` proxies return a handle per call at once.
+* Calls on one object from one thread run in order; calls from other threads, or on
+  other objects, run in parallel (a call that blocks, such as a queue's ``get``, holds
+  up no other thread: a ``put`` from another thread of the same process reaches it). :class:`AsyncManager` proxies return a handle per call at once.
 """
 
 from __future__ import annotations
@@ -54,7 +60,12 @@ log = logging.getLogger("fibercore.managers")
 
 CREATE, CALL, INCREF, DECREF, REPLY, SHUTDOWN = range(1, 7)
 RETURN, ERROR, PROXY = 0, 1, 2
-_HEAD = struct.Struct("<QQ")  # request id, object id
+_HEAD = struct.Struct("<QQ")  # a reply: request id, kind
+_REQUEST = struct.Struct("<QQQ")  # request id, object id, the calling thread (its lane)
+#: Threads of a manager server that wait to read requests while others run calls.
+SPARE_READERS = 2
+#: Most threads reading and running calls at once; beyond it calls queue for the pool.
+MAX_READERS = 64
 
 
 class RemoteError(ProcessError, multiprocessing.managers.RemoteError):
@@ -94,26 +105,59 @@ class _Server:
         self.objects: dict[int, list[Any]] = {}  # id -> [obj, exposed, method_to_typeid, refs]
         self.ids = itertools.count(1)
         self.lock = threading.Lock()
-        self.pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="fiber-manager-call")
-        self.lanes: dict[tuple[Hashable, int], deque[Callable[[], None]]] = {}
+        self.pool = ThreadPoolExecutor(max_workers=MAX_READERS, thread_name_prefix="fiber-manager-call")
+        self.lanes: dict[tuple[Hashable, int, int], deque[Callable[[], None]]] = {}
         self.stop = threading.Event()
+        self.readers = 1  # threads serving (reading requests, or running one)
+        self.idle = 0  # of those, waiting for a request
 
     def serve_forever(self) -> None:
+        """Serve until shutdown. Leader and followers: the thread that reads a request runs
+        it (no hand-off between threads), once another thread waits to read the next."""
+        self._serve(first=True)
+
+    def _serve(self, first: bool = False) -> None:
         while not self.stop.is_set():
+            with self.lock:
+                self.idle += 1
             try:
                 messages, peer = self.channel.recv(timeout=0.5)
             except TransportError as exc:
-                if isinstance(exc, TransportClosed):
+                with self.lock:
+                    self.idle -= 1
+                    leave = isinstance(exc, TransportClosed) or (not first and self.idle >= SPARE_READERS)
+                    if leave:
+                        self.readers -= 1
+                if leave:
                     return
                 continue
+            with self.lock:
+                self.idle -= 1
+                spawn = self.idle == 0 and self.readers < MAX_READERS
+                if spawn:
+                    self.readers += 1
+            if spawn:  # someone must read while this thread runs a call
+                threading.Thread(target=self._serve, name="fiber-manager-serve", daemon=True).start()
+            ready: list[tuple[Hashable, int, int]] = []
             for op, parts in messages:
                 try:
-                    self._handle(op, parts, peer)
+                    self._handle(op, parts, peer, ready)
                 except Exception as exc:
                     malformed(self.channel.address, peer, op, exc)
+            if not ready:
+                continue
+            inline = spawn or self.idle > 0  # else every thread may be busy: keep this one reading
+            for lane in ready[:-1] if inline else ready:  # others may block: each on its own thread
+                self.pool.submit(self._drain, lane)
+            if inline:
+                self._drain(ready[-1])
+        if first:
+            with self.lock:
+                self.readers -= 1
 
-    def _handle(self, op: int, parts: list[Any], peer: Hashable) -> None:
-        req, ident = _HEAD.unpack(parts[0])
+    def _handle(self, op: int, parts: list[Any], peer: Hashable, ready: list[tuple[Hashable, int, int]]) -> None:
+        """One request; a call whose lane was idle is added to ``ready`` (to run now)."""
+        req, ident, thread = _REQUEST.unpack(parts[0])
         if op == SHUTDOWN:
             self._reply(peer, req, RETURN, None)
             self.stop.set()
@@ -133,19 +177,23 @@ class _Server:
             payload = parts[1:]
             job = (lambda: self._create(peer, req, payload)) if op == CREATE else (
                 lambda: self._call(peer, req, ident, payload))
-            self._enqueue((peer, ident), job)
+            lane = (peer, thread, ident)
+            if self._enqueue(lane, job):
+                ready.append(lane)
 
-    def _enqueue(self, lane: tuple[Hashable, int], job: Callable[[], None]) -> None:
-        """Run ``job`` after earlier jobs of the same lane (one object, one client)."""
+    def _enqueue(self, lane: tuple[Hashable, int, int], job: Callable[[], None]) -> bool:
+        """Queue ``job`` behind earlier jobs of its lane (one object, one thread of one
+        client: its calls run in order, while a call that blocks holds up no other thread's);
+        True when the lane was idle (the caller runs it: :meth:`_drain`)."""
         with self.lock:
             pending = self.lanes.get(lane)
             if pending is not None:
                 pending.append(job)
-                return
+                return False
             self.lanes[lane] = deque([job])
-        self.pool.submit(self._drain, lane)
+        return True
 
-    def _drain(self, lane: tuple[Hashable, int]) -> None:
+    def _drain(self, lane: tuple[Hashable, int, int]) -> None:
         while True:
             with self.lock:
                 pending = self.lanes[lane]
@@ -434,7 +482,7 @@ class _Client:
                 self.waiting[req] = future
         parts = self.serializer.dumps(value)
         try:
-            self.channel.send([(op, [_HEAD.pack(req, ident), *parts])])
+            self.channel.send([(op, [_REQUEST.pack(req, ident, threading.get_ident()), *parts])])
         except TransportError as exc:
             with self.lock:
                 self.waiting.pop(req, None)

@@ -38,7 +38,7 @@ from collections.abc import Hashable
 from typing import Any
 
 from fibercore.errors import SerializationError, TransportClosed, TransportTimeout
-from fibercore.lifetime import flush_in_multiprocessing_children
+from fibercore.lifetime import current_pid, flush_in_multiprocessing_children
 from fibercore.runtime import adopt_credentials, credentials_for_child, get_runtime
 from fibercore.serialization import dumps_or_explain
 from fibercore.wire import Sender, malformed
@@ -56,15 +56,6 @@ PREFETCH_AT = MAX_GRANT // 4
 _brokers: dict[str, _Broker] = {}
 _clients: dict[tuple[int, str], _Client] = {}
 _clients_lock = threading.Lock()
-
-
-_PID = [os.getpid()]
-os.register_at_fork(after_in_child=lambda: _PID.__setitem__(0, os.getpid()))
-
-
-def _pid() -> int:
-    """This process's id, without a system call per queue operation."""
-    return _PID[0]
 
 
 def _size(parts: list[Any]) -> int:
@@ -496,7 +487,7 @@ class Queue:
 
     # -- plumbing -----------------------------------------------------------------------------
     def _local(self) -> _Broker | None:
-        return _brokers.get(self._qid) if _pid() == self._creator else None
+        return _brokers.get(self._qid) if current_pid() == self._creator else None
 
     def __reduce__(self) -> Any:
         return (_rebuild, (type(self), self._qid, self._address, self._creator, self._maxsize,

@@ -234,3 +234,23 @@ def test_authkey_of_its_own_and_a_wrong_key_is_refused():
         intruder = SyncManager(address=m.address)  # the session secret, not the manager's key
         with pytest.raises(mp.AuthenticationError, match="another authkey"):
             intruder.connect(timeout=2)
+
+
+def test_a_blocking_call_holds_up_no_other_thread_of_the_process(manager):
+    """As with multiprocessing: one thread blocks in ``q.get()`` on a shared queue while
+    another thread of the same process puts the item it waits for (and reads a dict)."""
+    import threading
+
+    q = manager.Queue()
+    d = manager.dict()
+    got: list = []
+    getter = threading.Thread(target=lambda: got.append(q.get(timeout=20)))
+    getter.start()
+    time.sleep(0.3)  # the get is waiting on the server
+    t0 = time.monotonic()
+    d["x"] = 1
+    q.put("item")
+    assert d["x"] == 1
+    assert time.monotonic() - t0 < 5, "the other thread's calls waited behind the blocking get"
+    getter.join(20)
+    assert got == ["item"]
