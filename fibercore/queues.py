@@ -50,9 +50,9 @@ Full = _stdlib_queue.Full
 (PUT, PUTSYNC, PUTACK, CANCEL, CANCELLED, GET, ITEM, EMPTY, RECALL, RETURN, SIZE, SIZEIS,
  TASKDONE, JOIN, JOINED, BYE) = range(1, 17)
 
-MAX_GRANT = 256
-#: A reader with this many items left in its buffer asks for the next batch.
-PREFETCH_AT = MAX_GRANT // 4
+#: Most items, and bytes (at least one item), a reader is lent per request.
+MAX_GRANT = 4096
+GRANT_BYTES = 4 << 20
 _brokers: dict[str, _Broker] = {}
 _clients: dict[tuple[int, str], _Client] = {}
 _clients_lock = threading.Lock()
@@ -106,6 +106,7 @@ class _Broker:
         self.closed = False
         self.peers = 0
         self.departed: deque[tuple[Hashable, float]] = deque()
+        self.sending = False  # a thread sends replies (one at a time, in the order they were made)
         threading.Thread(target=self._receive, name=f"fiber-queue-{qid[:8]}-in", daemon=True).start()
         threading.Thread(target=self._dispatch, name=f"fiber-queue-{qid[:8]}-out", daemon=True).start()
 
@@ -263,7 +264,14 @@ class _Broker:
                     # then block, as on a full queue) until readers take items out.
                     self.paused.add(peer)
                     self.channel.pause(peer)
+                # Answer at once from this thread when no other is sending (a hand-off to
+                # the dispatch thread costs a GIL switch, up to 5 ms in a busy process).
+                sends = [] if self.sending else self._take_sends()
+                if sends:
+                    self.sending = True
                 self._changed()
+            if sends:
+                self._send_replies(sends, block=False)
 
     def _handle(self, op: int, parts: list[Any], peer: Hashable) -> None:
         if op == PUT:
@@ -305,37 +313,66 @@ class _Broker:
                 self.join_waiters.append((peer, bytes(parts[0])))
 
     def _dispatch(self) -> None:
-        """Serve waiting readers and send replies, outside the receive path."""
+        """Serve waiting readers and send replies that the receive thread could not send
+        without waiting (a reader whose socket is full), and those of local operations."""
         while True:
             with self.cv:
                 while True:
                     if self.waiting and not self.items:
                         self._recall(None)
-                    if self.outbox or (self.waiting and (self.items or self._nowait_pending())):
+                    if not self.sending and (self.outbox or (self.waiting and (self.items or self._nowait_pending()))):
                         break
                     if self.closed and self.peers <= 0:
                         return
                     self.cv.wait(1.0)
-                sends = self.outbox
-                self.outbox = []
-                while self.waiting and (self.items or self.waiting[0][2]):
-                    peer, want, nowait = self.waiting.popleft()
-                    reader = self.readers.get(peer)
-                    if reader is None:
-                        continue
-                    if not self.items:
-                        sends.append((peer, [(EMPTY, [])]))
-                        continue
-                    batch = [self.items.popleft() for _ in range(self._grant(want))]
-                    reader.leased.extend(batch)
-                    sends.append((peer, [(ITEM, parts) for parts in batch]))
-                self._admit_puts()
-                self.cv.notify_all()
-            for peer, messages in sends:
-                try:
-                    self.channel.send(messages, peer)
-                except Exception:  # the peer left; its leases come back via _peer_event
-                    pass
+                sends = self._take_sends()
+                self.sending = True
+            self._send_replies(sends, block=True)
+
+    def _send_replies(self, sends: list[tuple[Hashable, list[Any]]], block: bool) -> None:
+        """Send replies in order (one thread at a time: ``sending``); without ``block``,
+        what cannot go now goes back to the front of the outbox, for the dispatch thread."""
+        for i, (peer, messages) in enumerate(sends):
+            try:
+                self.channel.send(messages, peer, block=block)
+            except TransportTimeout:
+                with self.cv:
+                    self.outbox[:0] = sends[i:]
+                    self.sending = False
+                    self._changed()
+                return
+            except Exception:  # the peer left; its leases come back via _peer_event
+                pass
+        with self.cv:
+            self.sending = False
+            if self.outbox:
+                self._changed()
+
+    def _take_sends(self) -> list[tuple[Hashable, list[Any]]]:
+        """Replies due now (cv held): the outbox, then batches for the waiting readers."""
+        if self.waiting and not self.items:
+            self._recall(None)
+        sends = self.outbox
+        self.outbox = []
+        while self.waiting and (self.items or self.waiting[0][2]):
+            peer, want, nowait = self.waiting.popleft()
+            reader = self.readers.get(peer)
+            if reader is None:
+                continue
+            if not self.items:
+                sends.append((peer, [(EMPTY, [])]))
+                continue
+            batch = []
+            size = 0
+            for _ in range(self._grant(want)):
+                if batch and size >= GRANT_BYTES:
+                    break
+                batch.append(self.items.popleft())
+                size += _size(batch[-1])
+            reader.leased.extend(batch)
+            sends.append((peer, [(ITEM, parts) for parts in batch]))
+        self._admit_puts()
+        return sends
 
     def _nowait_pending(self) -> bool:
         return any(w[2] for w in self.waiting)
@@ -358,6 +395,7 @@ class _Client:
         self.closed = False
         self.gets = 0
         self.dones = 0
+        self.last_grant = 0  # items in the latest batch: the next is asked for at half of it
         self.wrote = False
         threading.Thread(target=self._receive, name=f"fiber-queue-{qid[:8]}-recv", daemon=True).start()
 
@@ -370,6 +408,9 @@ class _Client:
             except TransportClosed:
                 return
             with self.cv:
+                granted = sum(1 for op, _ in messages if op == ITEM)
+                if granted:
+                    self.last_grant = granted
                 for op, parts in messages:
                     if op == ITEM:
                         self.buffer.append(parts)
@@ -417,9 +458,9 @@ class _Client:
             parts = self.buffer.popleft()
             self.consumed += 1
             self.gets += 1
-            if block and not self.outstanding and len(self.buffer) == PREFETCH_AT:
-                # Ask for the next batch before this one runs out: the round trip to the
-                # broker overlaps with consuming what is here (items stay leased, so a
+            if block and not self.outstanding and self.buffer and len(self.buffer) <= self.last_grant // 2:
+                # Ask for the next batch when half of this one is left: the round trip to
+                # the broker overlaps with consuming what is here (items stay leased, so a
                 # waiting reader elsewhere still gets its share through RECALL).
                 self.sender.put((GET, [_b(MAX_GRANT), _b(self.consumed), b"0"]))
                 self.outstanding = True
@@ -444,7 +485,10 @@ class _Client:
 
 
 def _client(address: str, qid: str) -> _Client:
-    key = (os.getpid(), qid)
+    key = (current_pid(), qid)
+    client = _clients.get(key)  # made once per process and queue, never replaced
+    if client is not None:
+        return client
     with _clients_lock:
         client = _clients.get(key)
         if client is None:

@@ -26,6 +26,9 @@ succeeded (``endpoint.peer`` is the session) and raises
 
 The core seals and opens frames with the session's keys, so a transport that skips
 the handshake delivers nothing the core accepts: it cannot weaken authentication.
+A transport may pass ``private=True`` to ``auth.listener``/``auth.dialer`` for a
+connection no third process can write into (a Unix-domain stream); both ends'
+views enter the proofs, and frames on such a connection carry no MAC.
 """
 
 from __future__ import annotations

@@ -447,3 +447,76 @@ def test_listeners_bind_loopback_only_for_local_backend():
     q = mp.Queue()
     assert mp.get_runtime().listen_host == "127.0.0.1"
     assert q._address.startswith("tcp://127.0.0.1:")
+
+
+# -- private (Unix-domain) streams and the relay that would downgrade them ----------------------
+
+
+def test_unix_streams_leave_out_the_mac_and_tcp_keeps_it(monkeypatch):
+    """Frames on a Unix-domain connection are counted, not MACed (only the two processes can
+    write into it); over TCP every frame is MACed."""
+    from fibercore.builtins import tcp_transport
+    from fibercore.wire.frames import StreamOpener, StreamSealer
+    from tests.helpers import connected_router
+
+    rt = mp.get_runtime()
+    hub, spoke, peer = connected_router(rt)
+    assert isinstance(peer.sealer, StreamSealer) and isinstance(spoke.endpoint.peer.opener, StreamOpener)
+    hub.close()
+    spoke.close()
+    monkeypatch.setattr(tcp_transport, "LOCAL_SOCKETS", False)
+    hub, spoke, peer = connected_router(rt)
+    assert type(peer.sealer).__name__ == "Sealer" and type(spoke.endpoint.peer.opener).__name__ == "Opener"
+    hub.close()
+    spoke.close()
+
+
+def test_a_relay_from_a_squatted_unix_name_to_tcp_fails_the_handshake(monkeypatch):
+    """An attacker binds the Unix name of a listener that has none and relays it to the
+    listener's TCP port: the handshake fails (each side's view of the stream is in the
+    proofs), the dialler falls back to TCP itself, and every frame it gets is MACed."""
+    from fibercore.builtins import tcp_transport
+
+    rt = mp.get_runtime()
+    monkeypatch.setattr(tcp_transport, "LOCAL_SOCKETS", False)
+    hub = rt.listen("router")  # TCP only: its Unix name is free for the squatter
+    monkeypatch.setattr(tcp_transport, "LOCAL_SOCKETS", True)
+    host, port = hub.address.split("://")[1].rsplit(":", 1)
+    squat = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    squat.bind(tcp_transport._local_name(host, int(port)))
+    squat.listen(8)
+    relayed = []
+
+    def pump(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def relay() -> None:
+        while True:
+            try:
+                victim, _ = squat.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection((host, int(port)))
+            relayed.append(victim)
+            threading.Thread(target=pump, args=(victim, upstream), daemon=True).start()
+            threading.Thread(target=pump, args=(upstream, victim), daemon=True).start()
+
+    threading.Thread(target=relay, daemon=True).start()
+    spoke = rt.dial("router", hub.address)
+    assert relayed, "the dialler did not try the squatted Unix name first"
+    assert spoke.endpoint._conn.sock.family != socket.AF_UNIX  # it fell back to TCP
+    assert type(spoke.endpoint.peer.opener).__name__ == "Opener"  # and checks every MAC
+    spoke.send([(1, [b"direct"])])
+    assert hub.recv(timeout=10)[0] == [(1, [b"direct"])]
+    squat.close()
+    spoke.close()
+    hub.close()

@@ -437,7 +437,8 @@ class TcpListener:
             sock.setblocking(self._tls is None)  # plain: the reactor reads with MSG_DONTWAIT
             if sock.family != socket.AF_UNIX:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conn = _Conn(sock, self._auth.listener(label), label, self._spin)
+            private = sock.family == socket.AF_UNIX and self._tls is None
+            conn = _Conn(sock, self._auth.listener(label, private), label, self._spin)
             self._pending[conn] = None
             if self._tls is not None:
                 try:
@@ -885,7 +886,7 @@ def _handshake(sock: socket.socket, address: str, auth: Authenticator, spin: flo
     timeout = auth.limits.handshake_timeout
     deadline = time.monotonic() + timeout
     sock.setblocking(False)
-    hs = auth.dialer(address)
+    hs = auth.dialer(address, private=sock.family == socket.AF_UNIX)
     conn = _Conn(sock, hs, address, spin)
     frames: collections.deque[memoryview] = collections.deque()
 

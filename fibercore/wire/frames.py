@@ -71,6 +71,7 @@ class Sealer:
     """
 
     def __init__(self, key: bytes) -> None:
+        self.key = key
         self._aead = AESGCM(key)
         self._aes = algorithms.AES(key)
         self._counter = 0
@@ -78,6 +79,15 @@ class Sealer:
     def seal(self, messages: Sequence[Message]) -> list[Any]:
         """The frame as a list of buffers to send back to back (big parts are not copied)."""
         self._counter += 1
+        head, payload, size = self._layout(messages)
+        nonce = self._counter.to_bytes(12, "little")
+        if size <= _ONE_SHOT_MAX:
+            body = b"".join([head, *payload])
+            return [self._aead.encrypt(nonce, b"", body), body]
+        return self._seal_streaming(nonce, head, payload)
+
+    def _layout(self, messages: Sequence[Message]) -> tuple[bytes, list[Any], int]:
+        """The header words (counter first) and the payload parts of one frame."""
         words = array("Q", [self._counter, 0, len(messages)])
         payload: list[Any] = []
         size = 0
@@ -90,25 +100,41 @@ class Sealer:
                 payload.append(part)
                 size += n
         words[1] = len(words)
-        head = _words(words)
-        nonce = self._counter.to_bytes(12, "little")
-        if size <= _ONE_SHOT_MAX:
-            body = b"".join([head, *payload])
-            return [self._aead.encrypt(nonce, b"", body), body]
+        return _words(words), payload, size
+
+    def _seal_streaming(self, nonce: bytes, head: bytes, payload: list[Any]) -> list[Any]:
+        # Big parts are authenticated where they lie (not copied); runs of small ones are
+        # joined first (one MAC call per run instead of one per message).
         mac = Cipher(self._aes, modes.GCM(nonce)).encryptor()
-        mac.authenticate_additional_data(head)
+        out: list[Any] = [None]
+        run: list[Any] = [head]
         for part in payload:
+            if nbytes(part) < _ONE_SHOT_MAX:
+                run.append(part)
+                continue
+            if run:
+                joined = b"".join(run)
+                mac.authenticate_additional_data(joined)
+                out.append(joined)
+                run = []
             if isinstance(part, memoryview) and (part.format != "B" or part.ndim != 1):
                 part = part.cast("B")
             mac.authenticate_additional_data(part)
+            out.append(part)
+        if run:
+            joined = b"".join(run)
+            mac.authenticate_additional_data(joined)
+            out.append(joined)
         mac.finalize()
-        return [mac.tag, head, *payload]
+        out[0] = mac.tag
+        return out
 
 
 class Opener:
     """The receiving direction of one connection: checks tags and that counters only grow."""
 
     def __init__(self, key: bytes) -> None:
+        self.key = key
         self._aead = AESGCM(key)
         self._last = 0
         self._seen = 0  # bit i: counter last - i was accepted
@@ -123,10 +149,7 @@ class Opener:
             raise BadFrame("short frame")
         body = view[TAG_SIZE:]
         counter = int.from_bytes(body[:8], "little")
-        try:
-            self._aead.decrypt(counter.to_bytes(12, "little"), view[:TAG_SIZE], body)
-        except (InvalidTag, OverflowError):
-            raise BadFrame("bad authentication tag") from None
+        self._verify(view, counter, body)
         with self._lock:
             if counter > self._last:
                 shift = counter - self._last
@@ -138,6 +161,33 @@ class Opener:
                     raise BadFrame(f"replayed frame (counter {counter}, newest {self._last})")
                 self._seen |= 1 << behind
         return _split(body)
+
+    def _verify(self, view: memoryview, counter: int, body: memoryview) -> None:
+        try:
+            self._aead.decrypt(counter.to_bytes(12, "little"), view[:TAG_SIZE], body)
+        except (InvalidTag, OverflowError):
+            raise BadFrame("bad authentication tag") from None
+
+
+_NO_TAG = bytes(TAG_SIZE)
+
+
+class StreamSealer(Sealer):
+    """For a connection no third process can write into (a Unix-domain stream, after the
+    handshake proved the peer): frames are counted, and the kernel binds them to the
+    connection and direction, so the MAC is left out (all zeros; 0.25 ms per MB each way)."""
+
+    def seal(self, messages: Sequence[Message]) -> list[Any]:
+        self._counter += 1
+        head, payload, _ = self._layout(messages)
+        return [_NO_TAG, head, *payload]
+
+
+class StreamOpener(Opener):
+    """The receiving side of :class:`StreamSealer`: counters are still checked."""
+
+    def _verify(self, view: memoryview, counter: int, body: memoryview) -> None:
+        pass
 
 
 def _split(body: memoryview) -> Messages:

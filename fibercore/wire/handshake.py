@@ -4,16 +4,23 @@ Run by every transport on every new connection, before the connection is a peer
 (no frame delivered, no peer event, no Pipe taken, no EOF)::
 
     listener → dialer   HELLO  = MAGIC(8) || nonce_l(32)
-    dialer   → listener PROOF  = nonce_d(32) || HMAC(key, "fibercore dialer"   || kind || nonce_l || nonce_d)
-    listener → dialer   PROOF  =              HMAC(key, "fibercore listener" || kind || nonce_l || nonce_d)
+    dialer   → listener PROOF  = nonce_d(32) || HMAC(key, "fibercore dialer"   || via || kind || nonce_l || nonce_d)
+    listener → dialer   PROOF  =              HMAC(key, "fibercore listener" || via || kind || nonce_l || nonce_d)
 
 ``key`` is the session secret (or a manager's authkey). Each side proves it holds
 the key over the other's fresh nonce, as multiprocessing's ``deliver_challenge`` and
 ``answer_challenge`` do both ways; the two labels differ, so a proof cannot be
 reflected. The connection's keys come from both nonces, one per direction::
 
-    base = HMAC(key, "fibercore connection keys" || kind || nonce_l || nonce_d)
+    base = HMAC(key, "fibercore connection keys" || via || kind || nonce_l || nonce_d)
     key(listener → dialer) = HMAC(base, "listener to dialer"); key(dialer → listener) likewise
+
+``via`` is one byte, each side's own view of the connection: ``P`` for a private
+stream (a Unix-domain socket: only the two processes can write into it), ``N`` for a
+network one. Frames on a private stream keep their counters but carry no MAC (the
+kernel binds them to the connection and direction); since both views are in the
+proofs, a relay that joins a Unix socket to a TCP one fails the handshake, so no
+frame a third party could touch ever goes unauthenticated.
 
 A handshake message is at most :data:`MAX_HANDSHAKE_FRAME` bytes; the listener
 gives up on a dialer that has not proved itself within ``Limits.handshake_timeout``.
@@ -27,7 +34,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from fibercore.wire.frames import Opener, Sealer
+from fibercore.wire.frames import Opener, Sealer, StreamOpener, StreamSealer
 
 MAGIC = b"FIBERv3\x00"
 NONCE = 32
@@ -73,6 +80,12 @@ class Session:
         self.opener = Opener(rx_key)
         self.label = label
 
+    def on_private_stream(self) -> None:
+        """Frames keep their counters and drop the MAC: the handshake proved that both
+        ends see a stream only their two processes can write into."""
+        self.sealer = StreamSealer(self.sealer.key)
+        self.opener = StreamOpener(self.opener.key)
+
     def __repr__(self) -> str:
         return f"<peer {self.label}>"
 
@@ -80,9 +93,10 @@ class Session:
 class Handshake:
     """One side of one connection's handshake, driven by the transport frame by frame."""
 
-    def __init__(self, key: bytes, kind: str, listening: bool, label: str) -> None:
+    def __init__(self, key: bytes, kind: str, listening: bool, label: str, private: bool = False) -> None:
         self._key = key
-        self._kind = kind.encode()
+        self._private = private
+        self._kind = (b"P" if private else b"N") + kind.encode()  # ``via || kind`` in every MAC
         self._listening = listening
         self._label = label
         self._nonce = os.urandom(NONCE)
@@ -128,10 +142,11 @@ class Handshake:
         base = _mac(self._key, b"fibercore connection keys", self._kind, nonce_l, nonce_d)
         to_dialer = _mac(base, b"listener to dialer")
         to_listener = _mac(base, b"dialer to listener")
-        if self._listening:
-            self.session = Session(to_dialer, to_listener, self._label)
-        else:
-            self.session = Session(to_listener, to_dialer, self._label)
+        session = (Session(to_dialer, to_listener, self._label) if self._listening
+                   else Session(to_listener, to_dialer, self._label))
+        if self._private:
+            session.on_private_stream()
+        self.session = session
 
 
 class Authenticator:
@@ -142,13 +157,14 @@ class Authenticator:
         self.kind = kind
         self.limits = limits or Limits()
 
-    def listener(self, label: str = "?") -> Handshake:
-        """A handshake for a connection this endpoint accepted."""
-        return Handshake(self._key, self.kind, True, label)
+    def listener(self, label: str = "?", private: bool = False) -> Handshake:
+        """A handshake for a connection this endpoint accepted; ``private``: a stream only
+        the two processes can write into (a Unix-domain socket), whose frames need no MAC."""
+        return Handshake(self._key, self.kind, True, label, private)
 
-    def dialer(self, label: str = "?") -> Handshake:
-        """A handshake for a connection this endpoint opened."""
-        return Handshake(self._key, self.kind, False, label)
+    def dialer(self, label: str = "?", private: bool = False) -> Handshake:
+        """A handshake for a connection this endpoint opened (``private`` as for listener)."""
+        return Handshake(self._key, self.kind, False, label, private)
 
     def __repr__(self) -> str:  # never shows the key (hook traces print arguments)
         return f"<Authenticator {self.kind}>"
