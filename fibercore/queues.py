@@ -460,8 +460,9 @@ class _Client:
             self.gets += 1
             if block and not self.outstanding and self.buffer and len(self.buffer) <= self.last_grant // 2:
                 # Ask for the next batch when half of this one is left: the round trip to
-                # the broker overlaps with consuming what is here (items stay leased, so a
-                # waiting reader elsewhere still gets its share through RECALL).
+                # the broker (slow when its process is busy: a GIL switch per reply)
+                # overlaps with consuming what is here (items stay leased, so a waiting
+                # reader elsewhere still gets its share through RECALL).
                 self.sender.put((GET, [_b(MAX_GRANT), _b(self.consumed), b"0"]))
                 self.outstanding = True
             return parts

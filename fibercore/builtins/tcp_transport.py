@@ -54,6 +54,8 @@ from fibercore.wire.handshake import (
 #: Also listen on an abstract Unix socket named after the TCP address, for peers in this
 #: network namespace (Linux only; never with TLS).
 LOCAL_SOCKETS = sys.platform.startswith("linux")
+#: Bytes a Unix connection may queue towards its reader (the kernel caps it at net.core.wmem_max).
+UNIX_SEND_BUFFER = 4 << 20
 #: Longest a thread reading a Pipe home's one peer blocks before it looks around again.
 #: Longest a reading thread polls before it looks again at what changed (closed, handed over).
 READ_STEP = 0.05
@@ -437,6 +439,8 @@ class TcpListener:
             sock.setblocking(self._tls is None)  # plain: the reactor reads with MSG_DONTWAIT
             if sock.family != socket.AF_UNIX:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            else:
+                _large_send_buffer(sock)
             private = sock.family == socket.AF_UNIX and self._tls is None
             conn = _Conn(sock, self._auth.listener(label, private), label, self._spin)
             self._pending[conn] = None
@@ -842,6 +846,15 @@ class TcpDialer:
         return f"<TcpDialer {self.address}>"
 
 
+def _large_send_buffer(sock: socket.socket) -> None:
+    """Let a Unix socket hold a whole batch (:data:`UNIX_SEND_BUFFER`): a write that must wait
+    for the reader costs its thread a GIL switch (up to 5 ms in a busy process) per part."""
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, UNIX_SEND_BUFFER)
+    except OSError:  # capped by net.core.wmem_max: the kernel keeps what it allows
+        pass
+
+
 def _local_name(host: str, port: int) -> str:
     """The abstract Unix socket name a listener on ``host:port`` also answers on (Linux)."""
     return f"\0fibercore:{host}:{port}"
@@ -858,6 +871,7 @@ def _dial(address: str, auth: Authenticator, tls: ssl.SSLContext | None, server_
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
                 sock.connect(_local_name(host, port))
+                _large_send_buffer(sock)
             except OSError:
                 sock.close()
                 raise

@@ -9,6 +9,11 @@ Every integer on the wire is an unsigned 64-bit little-endian word (one encoding
              key = this connection's key for this direction (:mod:`fibercore.wire.handshake`),
              nonce = counter (12 bytes, LE)
 
+On a private stream (a Unix-domain connection; the handshake proved both ends see
+one, :mod:`fibercore.wire.handshake`) the tag is all zeros and not checked: only the
+two processes can write into such a stream, so the kernel binds each frame to its
+connection and direction; the counter is still checked.
+
 A sender counts its frames from 1; a receiver accepts each counter once, within a
 window of the last :data:`REPLAY_WINDOW` (threads of one process may verify frames of
 one connection in a different order than they arrived). Keys are per connection and per direction, so a frame replayed on
