@@ -184,13 +184,28 @@ def harness_clients(address: str, wids: list[int]) -> None:
         t.join()
 
 
+def _reserve_external_slots(core, n: int) -> list[int]:
+    """Reserve ``n`` worker slots of a pool's scheduler for clients it did not start
+    (this benchmark's harness; it reaches into the scheduler on purpose)."""
+    from fibercore.pool.scheduler import WorkerSlot
+
+    with core.lock:
+        wids = []
+        for _ in range(n):
+            wid = next(core._wids)
+            core.workers[wid] = WorkerSlot(wid, None, float("inf"))
+            wids.append(wid)
+        core.target += n
+        return wids
+
+
 def scale_clients(clients: int, per_job: int) -> None:
     import fibercore
 
     rss0 = _rss_mib()
     pool = fibercore.Pool(1)
     core = pool._core
-    wids = core.add_external(clients)
+    wids = _reserve_external_slots(core, clients)
     jobs = []
     for i in range(0, clients, per_job):
         p = fibercore.Process(target=harness_clients, args=(core.address, wids[i:i + per_job]), daemon=True)

@@ -28,7 +28,7 @@ from collections import deque
 from typing import Any
 
 from fibercore.errors import TransportClosed, TransportTimeout
-from fibercore.lifetime import current_pid, flush_in_multiprocessing_children
+from fibercore.lifetime import at_process_end, current_pid
 from fibercore.runtime import adopt_credentials, credentials_for_child, get_runtime
 from fibercore.serialization import dumps_or_explain
 from fibercore.wire import Channel, Sender
@@ -233,7 +233,7 @@ class Connection:
             channel = self._connect()
             with self._lock:
                 if self._sender is None:
-                    flush_in_multiprocessing_children(_flush_all)
+                    at_process_end(_flush_all)
                     ref = weakref.ref(self)
                     self._sender = Sender(channel, name=f"fiber-pipe-{self._pipe_id[:8]}",
                                           peer_gone=lambda: _peer_gone(ref))

@@ -21,8 +21,8 @@ import logging
 import os
 import threading
 import weakref
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Hashable
+from typing import Any, Generic, TypeVar
 
 log = logging.getLogger("fibercore.lifetime")
 
@@ -107,23 +107,36 @@ def run_at_exit() -> None:
         _run(key)
 
 
-_flushers: set[tuple[int, Callable[[], None]]] = set()
+_flushers: dict[tuple[int, Callable[[], None]], None] = {}  # in order of registration
 
 
-def flush_in_multiprocessing_children(flush: Callable[[], None]) -> None:
-    """Run ``flush`` at the end of a child started by ``multiprocessing`` too.
+def at_process_end(flush: Callable[[], None]) -> None:
+    """Run ``flush`` when this process's work ends: deliver what a queue's or a pipe's
+    sender thread still holds. Registered once per process and function.
 
-    Such a child leaves through ``os._exit`` after multiprocessing's own exit
-    function, without ``atexit`` handlers: what a queue's or a pipe's sender
-    thread still holds would be lost. multiprocessing's finalizers do run there.
+    It runs in a job when its target returned (before the master hears the exit
+    code), in a child started by ``multiprocessing`` (which leaves through
+    ``os._exit`` without ``atexit`` handlers; its finalizers do run), and at the exit
+    of any other process through ``atexit`` (the caller registers that itself).
     """
     key = (os.getpid(), flush)
     if key in _flushers:
         return
-    _flushers.add(key)
+    _flushers[key] = None
     from multiprocessing import util
 
     util.Finalize(None, flush, exitpriority=10)
+
+
+def run_process_end() -> None:
+    """Run the :func:`at_process_end` hooks of this process (a job's target returned)."""
+    pid = os.getpid()
+    for key in list(_flushers):
+        if key[0] == pid:
+            try:
+                key[1]()
+            except Exception as exc:  # one failing flush must not stop the others
+                log.warning("a flush at the end of the process failed: %r", exc)
 
 
 _PID = [os.getpid()]
@@ -134,10 +147,60 @@ def current_pid() -> int:
     return _PID[0]
 
 
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+
+class PerProcess(Generic[K, V]):
+    """One object per key and process, made on first use (a client connection shared by
+    every handle of a queue or manager here); a forked child makes its own."""
+
+    def __init__(self) -> None:
+        self._items: dict[tuple[int, K], V] = {}
+        self._lock = threading.Lock()
+        _per_process.append(weakref.ref(self))
+
+    def get(self, key: K, make: Callable[[], V]) -> V:
+        k = (current_pid(), key)
+        value = self._items.get(k)  # made once, replaced only after discard(): no lock needed
+        if value is not None:
+            return value
+        with self._lock:
+            value = self._items.get(k)
+            if value is None:
+                value = self._items[k] = make()
+            return value
+
+    def peek(self, key: K) -> V | None:
+        """The object for ``key`` if this process made one."""
+        return self._items.get((current_pid(), key))
+
+    def discard(self, value: V) -> None:
+        with self._lock:
+            for k, v in list(self._items.items()):
+                if v is value:
+                    del self._items[k]
+
+    def here(self) -> list[V]:
+        """Every object this process made."""
+        pid = current_pid()
+        return [v for (p, _), v in list(self._items.items()) if p == pid]
+
+    def _forked(self) -> None:
+        self._lock = threading.Lock()  # a parent's thread may have held it at the fork
+
+
+_per_process: list[weakref.ref[PerProcess[Any, Any]]] = []
+
+
 def _after_fork_in_child() -> None:
     """A forked child owns none of its parent's pools or servers, nor its reaper."""
     global _wakeup
     _PID[0] = os.getpid()
+    for ref in _per_process:
+        cache = ref()
+        if cache is not None:
+            cache._forked()
     _due.clear()
     _collected.clear()
     _wakeup = None

@@ -54,6 +54,7 @@ from fibercore.errors import (
     TransportTimeout,
 )
 from fibercore.runtime import adopt_credentials, credentials_for_child, get_runtime
+from fibercore.util import with_traceback
 from fibercore.wire import malformed
 
 log = logging.getLogger("fibercore.managers")
@@ -225,7 +226,7 @@ class _Server:
                 exposed = getattr(obj, "_exposed_", None)
             self._reply(peer, req, RETURN, self._register(typeid, obj, exposed, method_to_typeid))
         except Exception as exc:
-            self._reply(peer, req, ERROR, _wrap(exc))
+            self._reply(peer, req, ERROR, with_traceback(exc))
 
     def _call(self, peer: Hashable, req: int, ident: int, payload: list[Any]) -> None:
         try:
@@ -248,7 +249,7 @@ class _Server:
                     "type with exposed=(...) to allow it\n")
             result = getattr(obj, name)(*args, **kwds)
         except Exception as exc:
-            self._reply(peer, req, ERROR, _wrap(exc))
+            self._reply(peer, req, ERROR, with_traceback(exc))
             return
         typeid = method_to_typeid.get(name)
         if typeid is None:
@@ -261,24 +262,18 @@ class _Server:
             new_id, exposed2 = self._register(typeid, result, exposed2, m2t)
             self._reply(peer, req, PROXY, (typeid, new_id, exposed2, proxytype))
         except Exception as exc:
-            self._reply(peer, req, ERROR, _wrap(exc))
+            self._reply(peer, req, ERROR, with_traceback(exc))
 
     def _reply(self, peer: Hashable, req: int, kind: int, value: Any) -> None:
         try:
             parts = self.serializer.dumps(value)
         except Exception as exc:
-            kind, parts = ERROR, self.serializer.dumps(_wrap(RemoteError(
+            kind, parts = ERROR, self.serializer.dumps(with_traceback(RemoteError(
                 f"the manager could not pickle the result ({type(exc).__name__}: {exc})")))
         try:
             self.channel.send([(REPLY, [_HEAD.pack(req, kind), *parts])], peer)
         except TransportError:
             pass  # the client is gone
-
-
-def _wrap(exc: BaseException) -> Any:
-    from multiprocessing.pool import ExceptionWithTraceback
-
-    return ExceptionWithTraceback(exc, exc.__traceback__)
 
 
 def public_methods(obj: Any) -> tuple[str, ...]:
@@ -408,10 +403,7 @@ class _Client:
         self.closed = True
         self._fail_all(exc)
         self.channel.close()
-        with _clients_lock:
-            for k, client in list(_clients.items()):
-                if client is self:
-                    del _clients[k]
+        _clients.discard(self)
 
     def wait_for(self, future: Future, timeout: float | None) -> bool:
         """Wait until ``future`` has its answer; False after ``timeout``.
@@ -495,25 +487,12 @@ class _Client:
 #: Seconds a thread waiting for an answer that another thread reads checks whether to take over.
 FOLLOWER_STEP = 0.005
 
-_clients: dict[tuple[int, str, bytes | None], _Client] = {}
-_clients_lock = threading.Lock()
+_clients: lifetime.PerProcess[tuple[str, bytes | None], _Client] = lifetime.PerProcess()  # by (address, authkey)
 
 
 def _client(address: str, key: bytes | None) -> _Client:
-    k = (os.getpid(), address, key)
-    with _clients_lock:
-        client = _clients.get(k)
-        if client is None:
-            client = _clients[k] = _Client(address, key)
-        return client
-
-
-def _after_fork_in_child() -> None:
-    global _clients_lock
-    _clients_lock = threading.Lock()  # a parent's thread may have held it at the fork
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
+    """This process's connection to the manager server at ``address``."""
+    return _clients.get((address, key), lambda: _Client(address, key))
 
 
 # ------------------------------------------------------------------------------------ proxies
@@ -789,7 +768,7 @@ class BaseManager:
         )
         self._process.start()
         writer.close()
-        timeout = float(get_runtime().config.get("start_timeout") or 120.0)
+        timeout = float(get_runtime().config.get("start_timeout"))
         if not reader.poll(timeout):
             self._process.kill()
             raise ProcessError(f"the manager server did not report its address within {timeout:.0f} s; "
@@ -914,7 +893,7 @@ def _stop_server(process: Any, address: str, key: bytes | None, timeout: float) 
         _client(address, key).request(SHUTDOWN, 0).get(timeout + 5)
     except Exception:
         pass
-    client = _clients.get((os.getpid(), address, key))
+    client = _clients.peek((address, key))
     if client is not None:
         client.close(ProcessError(f"the manager at {address} was shut down"))
     if process is not None:

@@ -35,7 +35,7 @@ def meta(*, cpu: float | None = None, memory: int | None = None, gpu: int | None
 
 def get_meta(process: Any) -> dict[str, Any]:
     """Resources set on the Process (a Pool's workers), on its target, its ``run``, or its class."""
-    own = getattr(process, "_fiber_meta", None)
+    own = getattr(process, "resources", None)
     if own:
         return dict(own)
     for candidate in (getattr(process, "_target", None), type(process).run, type(process)):

@@ -26,7 +26,7 @@ import importlib
 import logging
 import os
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +35,7 @@ import pluggy
 from fibercore import hookspecs
 from fibercore.errors import BackendNotFoundError, ConfigError, ProcessError
 from fibercore.types import Job, JobSpec, JobStatus, Option
+from fibercore.util import truthy_env
 
 log = logging.getLogger("fibercore.plugins")
 
@@ -66,10 +67,6 @@ KNOWN_DISTRIBUTIONS = {
     "k8s": "fiber-k8s",
     "aws": "fiber-aws",
 }
-
-
-def _truthy(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no", "off")
 
 
 @dataclass(frozen=True)
@@ -175,7 +172,7 @@ class Plugins:
         self.backend = backend
         #: Entry point values of the loaded plugins; jobs import exactly these.
         self.modules: list[str] = []
-        self._undo_trace: Any = None
+        self._undo_trace: Callable[[], None] | None = None
 
     # -- construction --------------------------------------------------------------
     @classmethod
@@ -193,7 +190,7 @@ class Plugins:
                 if not pm.is_registered(obj):
                     pm.register(obj, name=value)
                 values.append(value)
-        elif not _truthy("FIBER_DISABLE_PLUGIN_AUTOLOAD"):
+        elif not truthy_env("FIBER_DISABLE_PLUGIN_AUTOLOAD"):
             for info in installed(PLUGINS_GROUP):
                 try:
                     obj = _load_value(info.value)
@@ -227,7 +224,7 @@ class Plugins:
             ) from exc
         self = cls(pm, backend)
         self.modules = values
-        if _truthy("FIBER_TRACE_HOOKS"):
+        if truthy_env("FIBER_TRACE_HOOKS"):
             self.enable_tracing()
         return self
 
@@ -253,6 +250,12 @@ class Plugins:
             out(f"[fiber hook] {name} returned {shown}\n")
 
         self._undo_trace = self.pm.add_hookcall_monitoring(before, after)
+
+    def disable_tracing(self) -> None:
+        """Stop what :meth:`enable_tracing` started."""
+        if self._undo_trace is not None:
+            self._undo_trace()
+            self._undo_trace = None
 
     # -- discovery and configuration ---------------------------------------------------
     def config_options(self) -> list[Option]:

@@ -21,11 +21,11 @@ from fibercore.meta import get_meta
 from fibercore.runtime import get_runtime
 from fibercore.serialization import describe, dumps_or_explain
 from fibercore.types import Job, JobSpec, JobStatus
+from fibercore.util import log_tail
 
 if TYPE_CHECKING:
     from fibercore.process import Process
 
-LOG_TAIL = 4000
 
 
 def _serialize_process(process: Process) -> list[Any]:
@@ -45,17 +45,8 @@ def _serialize_process(process: Process) -> list[Any]:
     return dumps_or_explain(rt.serializer, process, f"process {process.name} ({describe(process)})")
 
 
-def _tail(text: str) -> str:
-    text = text.strip()
-    if not text:
-        return "(no output)"
-    return text if len(text) <= LOG_TAIL else "...\n" + text[-LOG_TAIL:]
-
-
 class JobPopen:
     """Starts one job for a Process and answers poll/wait/terminate for it."""
-
-    method = "fiber"
 
     def __init__(self, process: Process) -> None:
         rt = get_runtime()
@@ -116,7 +107,7 @@ class JobPopen:
         """Block until the job's worker connected, or raise JobStartError with its logs."""
         rt = self._rt
         if timeout is None:
-            timeout = float(rt.config.get("start_timeout") or 120.0)
+            timeout = float(rt.config.get("start_timeout"))
         deadline = time.monotonic() + timeout
         launch = self._launch
         next_status = time.monotonic() + 0.2
@@ -156,7 +147,7 @@ class JobPopen:
             f"  likely causes: the worker's Python cannot import fibercore (image or "
             f"python_exe), the job cannot reach {self._hub.address} (listen_host), or the "
             f"backend has no capacity (a pending pod, a full queue).\n"
-            f"  job logs:\n{_tail(logs)}",
+            f"  job logs:\n{log_tail(logs)}",
             status=status,
             logs=logs,
         )

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from fibercore.errors import ProcessError
+from fibercore.util import exitcode_name
 
 _counter = itertools.count(1)
 _children: set[Process] = set()
@@ -26,8 +27,6 @@ _children_lock = threading.Lock()
 
 class Process:
     """A process that runs ``target(*args, **kwargs)`` as a job on the selected backend."""
-
-    _start_method = "fiber"
 
     def __init__(
         self,
@@ -54,6 +53,9 @@ class Process:
         self._name = name or type(self).__name__ + "-" + ":".join(str(i) for i in self._identity)
         self._daemonic = parent.daemon if daemon is None else bool(daemon)
         self._authkey = parent.authkey
+        #: Resources the job asks its backend for (cpu, memory, gpu); None: those of
+        #: ``@fibercore.meta`` on the target (or ``run``), else the backend's defaults.
+        self.resources: dict[str, Any] | None = None
 
     # -- what runs in the job --------------------------------------------------------
     def run(self) -> None:
@@ -64,16 +66,13 @@ class Process:
     # -- lifecycle --------------------------------------------------------------------
     def start(self) -> None:
         """Start the job and wait until it has connected back (``start_timeout``)."""
-        self._launch()
-        try:
-            self._popen.wait_started()
-        except BaseException:
-            with _children_lock:
-                _children.discard(self)
-            raise
+        self.launch()
+        self.wait_started()
 
-    def _launch(self) -> None:
-        """Submit the job without waiting for it to connect (used to start many at once)."""
+    def launch(self) -> None:
+        """Hand the job to the backend and return without waiting for it to connect;
+        :meth:`wait_started` waits. Starting many jobs this way overlaps their start-up
+        (a Pool's workers, a Ring's members)."""
         from fibercore.popen_job import JobPopen
 
         self._check_closed()
@@ -91,6 +90,33 @@ class Process:
         del self._target, self._args, self._kwargs
         with _children_lock:
             _children.add(self)
+
+    def wait_started(self, timeout: float | None = None) -> None:
+        """Wait until a launched job has connected back (``start_timeout`` by default);
+        raise :class:`~fibercore.errors.JobStartError` (with the job's logs) if it does not."""
+        self._check_closed()
+        if self._popen is None:
+            raise AssertionError("wait_started() needs launch() first")
+        try:
+            self._popen.wait_started(timeout)
+        except BaseException:
+            with _children_lock:
+                _children.discard(self)
+            raise
+
+    @property
+    def launched(self) -> bool:
+        """Whether :meth:`launch` (or :meth:`start`) handed the job to the backend."""
+        return self._popen is not None
+
+    def start_error(self, what: str) -> BaseException:
+        """The error to raise for a launched job that never connected: ``what`` happened,
+        the job, its status and its logs."""
+        from fibercore.runtime import get_runtime
+
+        if self._popen is None:
+            return AssertionError(f"{self.name} was never launched")
+        return self._popen.start_error(what, get_runtime().plugins.job_status(self._popen.job))
 
     def terminate(self) -> None:
         """Stop the job (SIGTERM for local jobs); the exit code becomes negative."""
@@ -228,7 +254,7 @@ class Process:
         info.append(f"parent={self._parent_pid}")
         info.append(status)
         if code is not None:
-            info.append(f"exitcode={_exitcode_to_name(code)}")
+            info.append(f"exitcode={exitcode_name(code)}")
         if self.daemon:
             info.append("daemon")
         return "<{}>".format(" ".join(info))
@@ -279,15 +305,6 @@ class Process:
                 except Exception:
                     pass
         return exitcode
-
-
-def _exitcode_to_name(code: int) -> str:
-    if code < 0:
-        try:
-            return signal.Signals(-code).name
-        except ValueError:
-            pass
-    return str(code)
 
 
 class _MainProcess(Process):

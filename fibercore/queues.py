@@ -38,7 +38,7 @@ from collections.abc import Hashable
 from typing import Any
 
 from fibercore.errors import SerializationError, TransportClosed, TransportTimeout
-from fibercore.lifetime import current_pid, flush_in_multiprocessing_children
+from fibercore.lifetime import PerProcess, at_process_end, current_pid
 from fibercore.runtime import adopt_credentials, credentials_for_child, get_runtime
 from fibercore.serialization import dumps_or_explain
 from fibercore.wire import Sender, malformed
@@ -48,14 +48,13 @@ Empty = _stdlib_queue.Empty
 Full = _stdlib_queue.Full
 
 (PUT, PUTSYNC, PUTACK, CANCEL, CANCELLED, GET, ITEM, EMPTY, RECALL, RETURN, SIZE, SIZEIS,
- TASKDONE, JOIN, JOINED, BYE) = range(1, 17)
+ TASKDONE, JOIN, JOINED) = range(1, 16)
 
 #: Most items, and bytes (at least one item), a reader is lent per request.
 MAX_GRANT = 4096
 GRANT_BYTES = 4 << 20
 _brokers: dict[str, _Broker] = {}
-_clients: dict[tuple[int, str], _Client] = {}
-_clients_lock = threading.Lock()
+_clients: PerProcess[str, _Client] = PerProcess()  # by queue id
 
 
 def _size(parts: list[Any]) -> int:
@@ -486,37 +485,23 @@ class _Client:
 
 
 def _client(address: str, qid: str) -> _Client:
-    key = (current_pid(), qid)
-    client = _clients.get(key)  # made once per process and queue, never replaced
-    if client is not None:
-        return client
-    with _clients_lock:
-        client = _clients.get(key)
-        if client is None:
-            flush_in_multiprocessing_children(_at_exit)
-            client = _clients[key] = _Client(address, qid)
-        return client
+    """This process's connection to the broker of queue ``qid``."""
 
+    def make() -> _Client:
+        at_process_end(_at_exit)
+        return _Client(address, qid)
 
-def _after_fork_in_child() -> None:
-    global _clients_lock
-    _clients_lock = threading.Lock()  # a parent's thread may have held it at the fork
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
+    return _clients.get(qid, make)
 
 
 @atexit.register
 def _at_exit() -> None:
-    for (pid, _), client in list(_clients.items()):
-        if pid == os.getpid():
-            client.give_back()
+    for client in _clients.here():
+        client.give_back()
 
 
 class Queue:
     """A FIFO queue shared by processes on any backend (``multiprocessing.Queue`` API)."""
-
-    _joinable = False
 
     def __init__(self, maxsize: int = 0, *, ctx: Any = None) -> None:
         if maxsize < 0:
@@ -619,8 +604,7 @@ class Queue:
     def close(self) -> None:
         """No more puts from this process; what was put is still delivered."""
         self._closed = True
-        key = (os.getpid(), self._qid)
-        client = _clients.get(key)
+        client = _clients.peek(self._qid)
         if client is not None:
             client.sender.flush(timeout=10.0)
 
@@ -628,7 +612,7 @@ class Queue:
         """Wait until everything this process put has been handed to the broker."""
         if not self._closed:
             raise AssertionError("Queue.join_thread() requires close() first")
-        client = _clients.get((os.getpid(), self._qid))
+        client = _clients.peek(self._qid)
         if client is not None:
             client.sender.flush()
 
@@ -641,8 +625,6 @@ class Queue:
 
 class JoinableQueue(Queue):
     """A Queue with ``task_done()`` and ``join()``."""
-
-    _joinable = True
 
     def task_done(self) -> None:
         broker = self._local()

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fibercore.errors import ProcessError
+from fibercore.util import log_tail
 
 _current: RingMember | None = None
 
@@ -63,7 +64,7 @@ def _member(rank: int, size: int, rendezvous: Any, func: Callable[[int, int], An
         for _ in range(size - 1):
             rendezvous.put((host, port))
     else:
-        host, port = rendezvous.get(timeout=float(get_runtime().config.get("start_timeout") or 120.0))
+        host, port = rendezvous.get(timeout=float(get_runtime().config.get("start_timeout")))
     _current = RingMember(rank, size, host, port)
     os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(size), "LOCAL_RANK": "0",
                        "MASTER_ADDR": host, "MASTER_PORT": str(port)})
@@ -104,10 +105,10 @@ class Ring:
             for rank in range(self.size)
         ]
         for p in self.members:
-            p._launch()
+            p.launch()
         try:
             for p in self.members:
-                p._popen.wait_started()
+                p.wait_started()
             deadline = None if timeout is None else time.monotonic() + timeout
             # Wait on the members' sentinels, so that the member that failed first is the
             # one reported: when one dies, the others then fail in their collectives.
@@ -123,13 +124,13 @@ class Ring:
                     if member.exitcode != 0:
                         raise ProcessError(
                             f"Ring member {rank} of {self.size} failed with exit code {member.exitcode}; the "
-                            f"other members were stopped.\n  its logs:\n{member.logs().strip()[-3000:]}")
+                            f"other members were stopped.\n  its logs:\n{log_tail(member.logs())}")
         except BaseException:
             for p in self.members:
-                if p._popen is not None and p.exitcode is None:
+                if p.launched and p.exitcode is None:
                     p.kill()
             for p in self.members:
-                if p._popen is not None:
+                if p.launched:
                     p.join(10)
             raise
 

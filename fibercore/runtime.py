@@ -18,6 +18,7 @@ from typing import Any
 from fibercore import config as _config
 from fibercore.errors import ConfigError
 from fibercore.plugins import Plugins, detect_backend, redact
+from fibercore.util import truthy_env
 from fibercore.wire import Authenticator, Channel, Limits
 
 log = logging.getLogger("fibercore")
@@ -149,7 +150,7 @@ def build(init_values: dict[str, Any] | None = None) -> Runtime:
         init_values.get("backend")
         or os.environ.get("FIBER_BACKEND")
         or file_values.get("backend")
-        or (None if _truthy_env("FIBER_DISABLE_PLUGIN_AUTOLOAD") else detect_backend())
+        or (None if truthy_env("FIBER_DISABLE_PLUGIN_AUTOLOAD") else detect_backend())
         or init_values.get("default_backend")
         or env_values.get("default_backend")
         or file_values.get("default_backend")
@@ -172,10 +173,6 @@ def build(init_values: dict[str, Any] | None = None) -> Runtime:
                  "`fiber cleanup --session %s` stops them)", session, session, session)
         # Children started through this process's own subprocesses share the session.
     return Runtime(cfg, plugins, session, secret, is_worker)
-
-
-def _truthy_env(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no", "off")
 
 
 def credentials_for_child() -> tuple[str, bytes] | None:

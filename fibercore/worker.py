@@ -23,7 +23,8 @@ EXIT_BOOTSTRAP_FAILED = 76
 ORPHAN_GRACE = 1.0
 
 
-def _die(message: str, code: int) -> None:
+def exit_job(message: str, code: int) -> None:
+    """End this job now with ``code``, saying why on stderr (its children are stopped first)."""
     try:
         sys.stderr.write(f"fibercore worker {os.getpid()}: {message}\n")
         sys.stderr.flush()
@@ -47,7 +48,7 @@ def _pid1_sigterm() -> None:
     import signal
 
     def on_term(signum: int, frame: object) -> None:
-        _die("terminated (SIGTERM)", 128 + signal.SIGTERM)
+        exit_job("terminated (SIGTERM)", 128 + signal.SIGTERM)
 
     signal.signal(signal.SIGTERM, on_term)
 
@@ -73,12 +74,12 @@ def main() -> int:
         )
         return EXIT_BOOTSTRAP_FAILED
 
-    from fibercore import admin
+    from fibercore import admin, lifetime
     from fibercore.errors import TransportClosed, TransportTimeout
     from fibercore.runtime import get_runtime
 
     rt = get_runtime()
-    timeout = float(rt.config.get("start_timeout") or 120.0)
+    timeout = float(rt.config.get("start_timeout"))
     channel = rt.dial("router", address)
     channel.send([(admin.HELLO, [token.encode(), str(os.getpid()).encode(), socket.gethostname().encode()])])
     deadline = time.monotonic() + timeout
@@ -87,13 +88,13 @@ def main() -> int:
         try:
             messages, _ = channel.recv(timeout=max(0.0, deadline - time.monotonic()))
         except (TransportTimeout, TransportClosed):
-            _die(f"the master at {address} did not answer within {timeout:.0f} s", EXIT_BOOTSTRAP_FAILED)
+            exit_job(f"the master at {address} did not answer within {timeout:.0f} s", EXIT_BOOTSTRAP_FAILED)
             return EXIT_BOOTSTRAP_FAILED
         for op, parts in messages:
             if op == admin.PREP:
                 prep_parts = parts
             elif op == admin.ERROR:
-                _die(f"the master refused this worker: {bytes(parts[0]).decode()}", EXIT_BOOTSTRAP_FAILED)
+                exit_job(f"the master refused this worker: {bytes(parts[0]).decode()}", EXIT_BOOTSTRAP_FAILED)
 
     prep = pickle.loads(prep_parts[0])  # authenticated: unseal() checked the frame
     for entry in reversed(prep["sys_path"]):
@@ -116,7 +117,7 @@ def main() -> int:
             connected.clear()  # parent_process().is_alive() is False from now on
             # A moment's grace, as a multiprocessing child outlives its parent: code that
             # watches parent_process() may still report; then no orphan is left.
-            threading.Timer(ORPHAN_GRACE, _die, (f"the connection to the master at {address} "
+            threading.Timer(ORPHAN_GRACE, exit_job, (f"the connection to the master at {address} "
                                                  "closed; exiting", EXIT_MASTER_GONE)).start()
 
     channel.on_peer_event(on_peer)
@@ -128,7 +129,7 @@ def main() -> int:
                 last_heard[0] = time.monotonic()
             except TransportTimeout:
                 if time.monotonic() - last_heard[0] > hb_timeout and not finishing.is_set():
-                    _die(f"no heartbeat from the master at {address} for {hb_timeout:.0f} s", EXIT_MASTER_GONE)
+                    exit_job(f"no heartbeat from the master at {address} for {hb_timeout:.0f} s", EXIT_MASTER_GONE)
             except TransportClosed:
                 return
 
@@ -145,14 +146,7 @@ def main() -> int:
     rt.plugins.worker_start(rt.config)
     exitcode = process_obj._bootstrap(parent)
     finishing.set()
-    for module_name, flush_name in (("fibercore.queues", "_at_exit"), ("fibercore.connection", "_flush_all")):
-        module = sys.modules.get(module_name)  # deliver what user code sent, if it used any
-        if module is None:
-            continue
-        try:
-            getattr(module, flush_name)()
-        except Exception:
-            pass
+    lifetime.run_process_end()  # deliver what user code sent through queues and pipes
     try:
         channel.send([(admin.EXIT, [str(exitcode).encode()])])
     except Exception:

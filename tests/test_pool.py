@@ -370,9 +370,11 @@ def test_chaos_10k_tasks_with_workers_killed_repeatedly():
         while not settled() and time.monotonic() < deadline:
             time.sleep(0.05)
         core = p._core
-        assert settled(), (core.target, core._launching, len(core._unlaunched), core.next_spawn_at - time.monotonic(),
-                           core.failures_in_a_row, core.broken,
-                           [(w.wid, w.state, w.launched, w.settled, w.poll()) for w in core.workers.values()])
+        assert settled(), "not settled: " + repr((
+            core.target, core._launching, len(core._unlaunched), core.next_spawn_at - time.monotonic(),
+            core.failures_in_a_row, core.broken,
+            [(w.wid, w.state, w.launched, w.settled, w.poll(), w.process and w.process.is_alive())
+             for w in core.workers.values()]))
 
 
 # ---------------------------------------------------------------- scaling

@@ -127,9 +127,9 @@ def test_many_writers_many_readers_exactly_once(writers, readers, per_writer):
     procs = [mp.Process(target=put_items, args=(q, chunk)) for chunk in chunks]
     procs += [mp.Process(target=drain, args=(q, out)) for _ in range(readers)]
     for p in procs:
-        p._launch()
+        p.launch()
     for p in procs:
-        p._popen.wait_started()
+        p.wait_started()
     for p in procs[:writers]:
         p.join(60)
     for _ in range(readers):

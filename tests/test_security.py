@@ -437,7 +437,7 @@ def test_hook_traces_never_show_the_secret():
         p.start()
         p.join(30)
     finally:
-        rt.plugins._undo_trace()
+        rt.plugins.disable_tracing()
     text = "".join(lines)
     assert "fiber_create_job" in text
     assert rt.secret.hex() not in text and repr(rt.secret)[2:-1] not in text

@@ -51,6 +51,7 @@ from fibercore.pool.worker import run_worker
 from fibercore.process import Process
 from fibercore.runtime import get_runtime
 from fibercore.serialization import dumps_or_explain
+from fibercore.util import describe_exit, log_tail
 from fibercore.wire import malformed
 
 log = logging.getLogger("fibercore.pool")
@@ -61,7 +62,6 @@ RUN, CLOSE, TERMINATE = "running", "closed", "terminated"
 MAX_PREFETCH = 32
 #: Chunks at least this long (on average) are prefetched one at a time.
 LONG_CHUNK = 0.02
-LOG_TAIL = 3000
 
 
 class Batch:
@@ -117,19 +117,9 @@ class WorkerSlot:
         return self.process.name if self.process is not None else f"external-worker-{self.wid}"
 
     def poll(self) -> int | None:
-        popen = self.process._popen if self.process is not None else None
-        return None if popen is None else popen.poll()
-
-
-def _describe_exit(code: int | None) -> str:
-    if code is None:
-        return "exit status unknown"
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name} (exit code {code})"
-        except ValueError:
-            pass
-    return f"exit code {code}"
+        if self.process is None or not self.process.launched:
+            return None
+        return self.process.exitcode
 
 
 def _items(chunk: Chunk) -> str:
@@ -179,7 +169,7 @@ class Scheduler:
         self.maxtasks = maxtasks
         self.resources = resources
         self.retries = retries
-        self.start_timeout = float(rt.config.get("start_timeout") or 120.0)
+        self.start_timeout = float(rt.config.get("start_timeout"))
         self.start_concurrency = int(rt.config.get("pool_start_concurrency") or 0)
         self._unlaunched: deque[WorkerSlot] = deque()
         self._launching = 0
@@ -524,7 +514,7 @@ class Scheduler:
                 name=f"{self.name}-Worker-{wid}",
                 daemon=True,
             )
-            process._fiber_meta = dict(self.resources)  # type: ignore[attr-defined]
+            process.resources = dict(self.resources)
             w = WorkerSlot(wid, process, float("inf"))
             self.workers[wid] = w
             self._unlaunched.append(w)
@@ -553,7 +543,7 @@ class Scheduler:
 
     def _launch(self, w: WorkerSlot) -> None:
         try:
-            w.process._launch()  # type: ignore[union-attr]
+            w.process.launch()  # type: ignore[union-attr]
         except BaseException as exc:
             w.launch_error = exc
             self._events.append(("launch_failed", w))
@@ -569,17 +559,6 @@ class Scheduler:
         except RuntimeError:  # shut down: the pool is ending, do it here
             if fn == self._kill:
                 fn(w)
-
-    def add_external(self, n: int) -> list[int]:
-        """Reserve ``n`` worker slots served by clients this pool did not start (test harness)."""
-        with self.lock:
-            wids = []
-            for _ in range(n):
-                wid = next(self._wids)
-                self.workers[wid] = WorkerSlot(wid, None, float("inf"))
-                wids.append(wid)
-            self.target += n
-            return wids
 
     def live_count(self) -> int:
         return sum(1 for w in self.workers.values() if w.state in (STARTING, READY))
@@ -640,9 +619,9 @@ class Scheduler:
         self._wake.set()
 
     def _kill(self, w: WorkerSlot) -> None:
-        if w.process is not None and w.process._popen is not None:
+        if w.process is not None and w.process.launched:
             try:
-                w.process._popen.kill()
+                w.process.kill()
             except Exception as exc:  # the job may be gone already
                 log.debug("%s: kill %s: %s", self.name, w.name, exc)
 
@@ -685,15 +664,15 @@ class Scheduler:
         with self.lock:
             workers = [w for w in self.workers.values() if w.state != DEAD and w.process is not None]
         for w in workers:
-            if w.process._popen is None:  # type: ignore[union-attr]
+            if not w.process.launched:  # type: ignore[union-attr]
                 continue
             code = w.poll()
             if code is not None:
                 w.exitcode = code
                 if w.state == STARTING:
-                    self._start_failed(w, f"its job ended ({_describe_exit(code)}) before it joined the pool")
+                    self._start_failed(w, f"its job ended ({describe_exit(code)}) before it joined the pool")
                 else:
-                    self._worker_gone(w, f"its job ended ({_describe_exit(code)})")
+                    self._worker_gone(w, f"its job ended ({describe_exit(code)})")
             elif w.state == STARTING and now > w.deadline:
                 self._start_failed(w, f"it did not join the pool within {self.start_timeout:.0f} s (start_timeout)")
 
@@ -709,8 +688,9 @@ class Scheduler:
             w.pending.clear()
         if w.poll() is None:
             self._kill(w)
-        if w.process is not None and w.process._popen is not None:
-            w.exitcode = w.process._popen.wait(5.0)
+        if w.process is not None and w.process.launched:
+            w.process.join(5.0)
+            w.exitcode = w.process.exitcode
         clean = was in (LEAVING, RETIRING) and not pending
         failed: list[Chunk] = []
         with self.lock:
@@ -718,7 +698,7 @@ class Scheduler:
             self._started(w)
             if not clean and self.state != TERMINATE:
                 log.warning("%s: worker %s is gone (%s; %s); %d task chunk(s) go back to the queue",
-                            self.name, w.name, why, _describe_exit(w.exitcode), len(pending))
+                            self.name, w.name, why, describe_exit(w.exitcode), len(pending))
                 self.stats["replaced_workers"] += 1
             requeue = []
             for chunk in pending:
@@ -741,7 +721,7 @@ class Scheduler:
                 err = WorkerLostError(
                     f"{_items(chunk)} of {chunk.batch.name} {'were' if _items(chunk).startswith('items') else 'was'} "
                     f"lost: its worker {w.name} ({self._job_name(w)}) died ({why}; "
-                    f"{_describe_exit(w.exitcode)}), and it had already been retried {self.retries} "
+                    f"{describe_exit(w.exitcode)}), and it had already been retried {self.retries} "
                     f"time(s) on fresh workers (max_task_retries={self.retries}). "
                     f"{_likely_cause(w.exitcode)}\n  session: {self.rt.session}\n  last worker's logs:\n{logs}"
                 )
@@ -765,9 +745,7 @@ class Scheduler:
             text = w.process.logs().strip()
         except Exception as exc:
             return f"(logs unavailable: {exc})"
-        if not text:
-            return "(no output)"
-        return text if len(text) <= LOG_TAIL else "...\n" + text[-LOG_TAIL:]
+        return log_tail(text)
 
     def _start_failed(self, w: WorkerSlot, what: str) -> None:
         with self.lock:
@@ -780,10 +758,8 @@ class Scheduler:
         if was == RETIRING or self.broken is not None:
             return
         self._kill(w)
-        popen = w.process._popen if w.process is not None else None
-        if popen is not None:
-            status = self.rt.plugins.job_status(popen.job)
-            err: BaseException = popen.start_error(what, status)
+        if w.process is not None and w.process.launched:
+            err: BaseException = w.process.start_error(what)
         elif isinstance(w.launch_error, BaseException):
             err = w.launch_error
         else:  # pragma: no cover - a slot without a job
@@ -873,11 +849,12 @@ class Scheduler:
         for w in workers:
             if w.process is None or not w.launched:
                 continue
-            while w.process._popen is None and w.launch_error is None and self.state != TERMINATE:
+            while not w.process.launched and w.launch_error is None and self.state != TERMINATE:
                 time.sleep(0.01)  # still being launched
-            if w.process._popen is not None:
+            if w.process.launched:
                 remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-                if w.process._popen.wait(remaining) is None and deadline is not None:
+                w.process.join(remaining)
+                if w.process.exitcode is None and deadline is not None:
                     return
         self._shutdown()
 
@@ -898,8 +875,8 @@ class Scheduler:
             self._fail(chunk, ProcessError(
                 f"{self.name} was terminated before task {chunk.index} of {chunk.batch.name} finished"))
         for w in workers:
-            if w.process is not None and w.process._popen is not None:
-                w.process._popen.wait(10.0)
+            if w.process is not None and w.process.launched:
+                w.process.join(10.0)
         self._shutdown()
 
     def _kill_all(self, workers: list[WorkerSlot]) -> None:

@@ -19,6 +19,7 @@ from typing import Any
 
 from fibercore.errors import TransportClosed, TransportTimeout
 from fibercore.pool import protocol as P
+from fibercore.util import with_traceback
 
 #: Results of tasks shorter than this may wait (≤ BATCH_AGE) to share a frame.
 SHORT_TASK = 0.0002
@@ -43,12 +44,6 @@ class _Func:
         return self.obj
 
 
-def _wrap_exception(exc: BaseException) -> Any:
-    from multiprocessing.pool import ExceptionWithTraceback
-
-    return ExceptionWithTraceback(exc, exc.__traceback__)
-
-
 def _run_chunk(kind: int, func: _Func | None, payload: list[Any], serializer: Any) -> Any:
     data = serializer.loads(payload)
     if kind == P.APPLY:
@@ -67,7 +62,7 @@ def _encode(serializer: Any, ok: bool, value: Any) -> tuple[bool, list[Any]]:
         from multiprocessing.pool import MaybeEncodingError
 
         wrapped = MaybeEncodingError(exc, value)
-        return False, serializer.dumps(_wrap_exception(wrapped))
+        return False, serializer.dumps(with_traceback(wrapped))
 
 
 class _Inbox:
@@ -192,7 +187,7 @@ def run_worker(address: str, wid: int, initializer: Callable[..., Any] | None,
                initargs: tuple[Any, ...], maxtasks: int | None) -> None:
     """Serve one pool: connect, run the initializer, then run chunks until told to stop."""
     from fibercore.runtime import get_runtime
-    from fibercore.worker import EXIT_MASTER_GONE, _die
+    from fibercore.worker import EXIT_MASTER_GONE, exit_job
 
     rt = get_runtime()
     serializer = rt.serializer
@@ -201,7 +196,7 @@ def run_worker(address: str, wid: int, initializer: Callable[..., Any] | None,
 
     def on_peer(peer: object, added: bool) -> None:
         if not added and not leaving.is_set():
-            _die(f"the pool at {address} closed its connection (pool terminated or master gone)",
+            exit_job(f"the pool at {address} closed its connection (pool terminated or master gone)",
                  EXIT_MASTER_GONE)
 
     channel.on_peer_event(on_peer)
@@ -251,7 +246,7 @@ def run_worker(address: str, wid: int, initializer: Callable[..., Any] | None,
         try:
             ok, value = True, _run_chunk(kind, func, payload, serializer)
         except Exception as exc:
-            ok, value = False, _wrap_exception(exc)
+            ok, value = False, with_traceback(exc)
         inbox.finished_chunk()
         elapsed = time.perf_counter() - start
         inbox.note_duration(elapsed)

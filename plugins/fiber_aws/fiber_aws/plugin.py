@@ -298,11 +298,6 @@ def fiber_config_defaults() -> dict[str, Any]:
     return {"pool_start_concurrency": 0, "start_timeout": 600.0}
 
 
-@hookimpl
-def fiber_detect_backend() -> str | None:
-    return None  # a Batch job is told FIBER_BACKEND=aws by its master
-
-
 def _task_ip() -> str | None:
     """Inside ECS/Batch: this task's IPv4 address from the container metadata endpoint."""
     uri = os.environ.get("ECS_CONTAINER_METADATA_URI_V4") or os.environ.get("ECS_CONTAINER_METADATA_URI")
