@@ -27,10 +27,7 @@ def test_pool_of_4_batch_jobs_survives_terminate_job(aws: Any, moto_url: str) ->
     batch = client(moto_url, "batch")
     with fc.Pool(4) as pool:
         results = pool.starmap_async(triple_after, [(x, 0.04) for x in range(200)], chunksize=2)
-        deadline = time.monotonic() + 120
-        while pool._core.ready_count() < 4:  # every worker's job runs and took tasks
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        assert pool.wait_until_workers_up(120)  # every worker's job runs and took tasks
         time.sleep(0.3)
         victim = pool.workers()[0]
         job_id = victim.job.jid

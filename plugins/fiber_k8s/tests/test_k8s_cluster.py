@@ -37,9 +37,7 @@ def test_pool_of_4_pods_survives_a_pod_deletion(k8s: Any, core: Any) -> None:
     with fc.Pool(4) as pool:
         results = pool.starmap_async(triple_after, [(x, 0.08) for x in range(200)], chunksize=2)
         deadline = time.monotonic() + 120
-        while pool._core.ready_count() < 4:  # every worker's pod runs and took tasks
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        assert pool.wait_until_workers_up(120)  # every worker's pod runs and took tasks
         time.sleep(0.3)
         victim = pool.workers()[0]
         name = victim.job.jid
