@@ -59,6 +59,9 @@ UNIX_SEND_BUFFER = 4 << 20
 #: Longest a thread reading a Pipe home's one peer blocks before it looks around again.
 #: Longest a reading thread polls before it looks again at what changed (closed, handed over).
 READ_STEP = 0.05
+#: A listener's reading thread polls before sleeping only this soon after its last frame
+#: (an idle endpoint sleeps at once instead of spinning every READ_STEP).
+SPIN_AFTER = 0.05
 #: Largest record on the stream; bigger frames are sent as several records.
 RECORD_MAX = 4 << 20
 _MORE = 1 << 31
@@ -398,6 +401,7 @@ class TcpListener:
         # ``_reading``), through this listener's own selector; other threads change that
         # selector only through ``_todo``, applied by the reader, and wake it with ``_wake``.
         self._own = selectors.DefaultSelector()
+        self._last_frame = 0.0  # when a frame last arrived (a listener spins only while busy)
         self._reading = threading.Lock()
         self._todo: collections.deque[Callable[[], None]] = collections.deque()
         r, w = os.pipe()
@@ -666,9 +670,11 @@ class TcpListener:
         try:
             ready = self._own.select(0)
             if not ready and step > 0:
-                end = time.perf_counter() + min(self._spin, step)
-                while not ready and time.perf_counter() < end:
-                    ready = self._own.select(0)
+                now = time.perf_counter()
+                if now - self._last_frame < SPIN_AFTER:  # busy: the next frame is likely soon
+                    end = now + min(self._spin, step)
+                    while not ready and time.perf_counter() < end:
+                        ready = self._own.select(0)
                 if not ready:
                     ready = self._own.select(step)
         except (OSError, ValueError):  # closed under us
@@ -689,6 +695,8 @@ class TcpListener:
             except (_Broken, OSError, ValueError):
                 self._unwatch(conn)
                 self._reactor.call(lambda c=conn: self._drop(c))
+        if got:
+            self._last_frame = time.perf_counter()
         return got
 
     def on_peer_event(self, callback: PeerCallback) -> None:
