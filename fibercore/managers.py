@@ -109,6 +109,7 @@ class _Server:
         self.pool = ThreadPoolExecutor(max_workers=MAX_READERS, thread_name_prefix="fiber-manager-call")
         self.lanes: dict[tuple[Hashable, int, int], deque[Callable[[], None]]] = {}
         self.stop = threading.Event()
+        self.intake = threading.Lock()  # taking a frame and queueing its requests
         self.readers = 1  # threads serving (reading requests, or running one)
         self.idle = 0  # of those, waiting for a request
 
@@ -121,12 +122,25 @@ class _Server:
         while not self.stop.is_set():
             with self.lock:
                 self.idle += 1
-            try:
-                messages, peer = self.channel.recv(timeout=0.5)
-            except TransportError as exc:
+            ready: list[tuple[Hashable, int, int]] = []
+            # One thread at a time takes a frame and queues its requests, so that requests
+            # join their lanes in the order they arrived; running them is parallel.
+            with self.intake:
+                try:
+                    messages, peer = self.channel.recv(timeout=0.5)
+                except TransportError as exc:
+                    messages, failure = [], exc
+                else:
+                    failure = None
+                    for op, parts in messages:
+                        try:
+                            self._handle(op, parts, peer, ready)
+                        except Exception as exc:
+                            malformed(self.channel.address, peer, op, exc)
+            if failure is not None:
                 with self.lock:
                     self.idle -= 1
-                    leave = isinstance(exc, TransportClosed) or (not first and self.idle >= SPARE_READERS)
+                    leave = isinstance(failure, TransportClosed) or (not first and self.idle >= SPARE_READERS)
                     if leave:
                         self.readers -= 1
                 if leave:
@@ -134,17 +148,11 @@ class _Server:
                 continue
             with self.lock:
                 self.idle -= 1
-                spawn = self.idle == 0 and self.readers < MAX_READERS
+                spawn = bool(ready) and self.idle == 0 and self.readers < MAX_READERS
                 if spawn:
                     self.readers += 1
             if spawn:  # someone must read while this thread runs a call
                 threading.Thread(target=self._serve, name="fiber-manager-serve", daemon=True).start()
-            ready: list[tuple[Hashable, int, int]] = []
-            for op, parts in messages:
-                try:
-                    self._handle(op, parts, peer, ready)
-                except Exception as exc:
-                    malformed(self.channel.address, peer, op, exc)
             if not ready:
                 continue
             inline = spawn or self.idle > 0  # else every thread may be busy: keep this one reading

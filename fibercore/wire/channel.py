@@ -37,6 +37,7 @@ class Channel:
         self.listening = listening
         self._peers: list[Session] = []
         self._peers_cv = threading.Condition(threading.Lock())
+        self._receiving = threading.Lock()  # held while a thread takes and opens a frame
         if listening:
             endpoint.on_peer_event(self._track)
 
@@ -109,17 +110,25 @@ class Channel:
         Raises TransportTimeout after ``timeout`` seconds, TransportClosed once closed.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            data, peer = self.endpoint.recv(remaining)
-            try:
-                if not isinstance(peer, Session):
-                    raise BadFrame("the transport delivered a frame from a connection that did not authenticate")
-                return peer.opener.open(data), peer
-            except BadFrame as exc:
-                reject(self.address, peer, str(exc))
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise TransportTimeout("only refused frames arrived") from None
+        # One thread at a time takes a frame and opens it, so frames are opened in the
+        # order they arrived: a thread paused between the two while others opened many
+        # later frames would find its own outside the replay window (and dropped).
+        if not self._receiving.acquire(timeout=-1 if timeout is None else max(0.0, timeout)):
+            raise TransportTimeout(f"no frame on {self.address} within {timeout} s")
+        try:
+            while True:
+                remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+                data, peer = self.endpoint.recv(remaining)
+                try:
+                    if not isinstance(peer, Session):
+                        raise BadFrame("the transport delivered a frame from a connection that did not authenticate")
+                    return peer.opener.open(data), peer
+                except BadFrame as exc:
+                    reject(self.address, peer, str(exc))
+                    if deadline is not None and time.monotonic() >= deadline:
+                        raise TransportTimeout("only refused frames arrived") from None
+        finally:
+            self._receiving.release()
 
     def pause(self, peer: Hashable) -> None:
         """Stop reading from ``peer`` (its sends then block: back-pressure) until :meth:`resume`.
