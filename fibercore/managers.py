@@ -500,7 +500,8 @@ _clients: lifetime.PerProcess[tuple[str, bytes | None], _Client] = lifetime.PerP
 
 def _client(address: str, key: bytes | None) -> _Client:
     """This process's connection to the manager server at ``address``."""
-    return _clients.get((address, key), lambda: _Client(address, key))
+    client = _clients.peek((address, key))  # every proxy call asks: no closure made on that path
+    return client if client is not None else _clients.get((address, key), lambda: _Client(address, key))
 
 
 # ------------------------------------------------------------------------------------ proxies

@@ -486,6 +486,9 @@ class _Client:
 
 def _client(address: str, qid: str) -> _Client:
     """This process's connection to the broker of queue ``qid``."""
+    client = _clients.peek(qid)  # every get/put asks: no closure made on that path
+    if client is not None:
+        return client
 
     def make() -> _Client:
         at_process_end(_at_exit)

@@ -56,7 +56,6 @@ from fibercore.wire.handshake import (
 LOCAL_SOCKETS = sys.platform.startswith("linux")
 #: Bytes a Unix connection may queue towards its reader (the kernel caps it at net.core.wmem_max).
 UNIX_SEND_BUFFER = 4 << 20
-#: Longest a thread reading a Pipe home's one peer blocks before it looks around again.
 #: Longest a reading thread polls before it looks again at what changed (closed, handed over).
 READ_STEP = 0.05
 #: A listener's reading thread polls before sleeping only this soon after its last frame
@@ -513,7 +512,7 @@ class TcpListener:
             with self._cv:
                 self._inbox.append((frame, session))
                 self._cv.notify()
-            self._nudge_closed()
+            self._wake_reader()
             return
         reply = conn.hs.feed(frame)  # HandshakeFailed closes the connection
         if reply is not None:
@@ -545,7 +544,7 @@ class TcpListener:
     def _own_call(self, fn: Callable[[], None]) -> None:
         """Change the reading selector: ``fn`` runs on the next reading thread, before it polls."""
         self._todo.append(fn)
-        self._nudge_closed()
+        self._wake_reader()
 
     def _watch(self, conn: _Conn) -> None:
         if conn.session not in self._peers:
@@ -570,7 +569,7 @@ class TcpListener:
             except (KeyError, ValueError, OSError):
                 pass
 
-    def _nudge_closed(self) -> None:
+    def _wake_reader(self) -> None:
         """Wake the thread reading this listener's connections (something changed)."""
         if self._wake is not None:
             try:
@@ -730,7 +729,7 @@ class TcpListener:
                 return
             self._closed = True
             self._cv.notify_all()
-        self._nudge_closed()
+        self._wake_reader()
         if os.getpid() != self._pid:  # a forked child's copy: the parent's sockets are not ours
             self._sock.close()
             if self._local is not None:
@@ -828,7 +827,9 @@ class TcpDialer:
                     remaining = None if deadline is None else deadline - time.monotonic()
                     if remaining is not None and remaining <= 0:
                         raise TransportTimeout("timed out")
-                    self._conn.receive_timeout(remaining)  # a blocking read: no poll() wake-up
+                    # A blocking read (no poll() wake-up), in steps of READ_STEP: one receive
+                    # timeout set once, not a setsockopt() per wait.
+                    self._conn.receive_timeout(None if remaining is None else min(remaining, READ_STEP))
                     self._conn.pump(self._inbox.append, wait=True)
                 except _WOULD_BLOCK:
                     continue  # the receive timeout passed (checked above on the next turn)

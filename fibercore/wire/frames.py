@@ -76,7 +76,6 @@ class Sealer:
     """
 
     def __init__(self, key: bytes) -> None:
-        self.key = key
         self._aead = AESGCM(key)
         self._aes = algorithms.AES(key)
         self._counter = 0
@@ -139,7 +138,6 @@ class Opener:
     """The receiving direction of one connection: checks tags and that counters only grow."""
 
     def __init__(self, key: bytes) -> None:
-        self.key = key
         self._aead = AESGCM(key)
         self._last = 0
         self._seen = 0  # bit i: counter last - i was accepted

@@ -72,19 +72,15 @@ class Session:
 
     __slots__ = ("sealer", "opener", "label", "lock", "sending", "deferred", "__weakref__")
 
-    def __init__(self, tx_key: bytes, rx_key: bytes, label: str) -> None:
+    def __init__(self, tx_key: bytes, rx_key: bytes, label: str, private: bool = False) -> None:
         self.lock = threading.Lock()  # sealing and sending, so frames leave in counter order
         self.sending: int | None = None  # the thread inside the lock
         self.deferred: list[Any] = []  # messages sent re-entrantly (a GC finalizer) meanwhile
-        self.sealer = Sealer(tx_key)
-        self.opener = Opener(rx_key)
+        # ``private``: the handshake proved both ends see a stream only their two processes
+        # can write into; frames keep their counters and leave out the MAC.
+        self.sealer = StreamSealer(tx_key) if private else Sealer(tx_key)
+        self.opener = StreamOpener(rx_key) if private else Opener(rx_key)
         self.label = label
-
-    def on_private_stream(self) -> None:
-        """Frames keep their counters and drop the MAC: the handshake proved that both
-        ends see a stream only their two processes can write into."""
-        self.sealer = StreamSealer(self.sealer.key)
-        self.opener = StreamOpener(self.opener.key)
 
     def __repr__(self) -> str:
         return f"<peer {self.label}>"
@@ -142,11 +138,10 @@ class Handshake:
         base = _mac(self._key, b"fibercore connection keys", self._kind, nonce_l, nonce_d)
         to_dialer = _mac(base, b"listener to dialer")
         to_listener = _mac(base, b"dialer to listener")
-        session = (Session(to_dialer, to_listener, self._label) if self._listening
-                   else Session(to_listener, to_dialer, self._label))
-        if self._private:
-            session.on_private_stream()
-        self.session = session
+        if self._listening:
+            self.session = Session(to_dialer, to_listener, self._label, self._private)
+        else:
+            self.session = Session(to_listener, to_dialer, self._label, self._private)
 
 
 class Authenticator:

@@ -64,8 +64,7 @@ class Sender:
             self._waiting -= 1
 
     def put(self, message: Message) -> None:
-        parts = message[1]
-        size = (nbytes(parts[0]) if len(parts) == 1 else sum(map(nbytes, parts))) + 16 if parts else 16
+        size = sum(map(nbytes, message[1])) + 16
         with self._cv:
             if self._error is not None:
                 raise TransportClosed(f"cannot send: {self._error}")
