@@ -9,16 +9,36 @@ from fibercore.plugins import BACKENDS_GROUP, PLUGINS_GROUP, installed
 
 
 def _backends(args: argparse.Namespace) -> int:
+    from fibercore import __version__
+    from fibercore.hookspecs import CONTRACT_VERSION, MIN_CONTRACT_VERSION
     from fibercore.runtime import get_runtime
 
+    print(f"fibercore {__version__}, hook contract {CONTRACT_VERSION} "
+          f"(loads plugins declaring {MIN_CONTRACT_VERSION}..{CONTRACT_VERSION})")
     print("Installed backends (fiber.backends) and extensions (fiber.plugins):")
     for info in installed(BACKENDS_GROUP) + installed(PLUGINS_GROUP):
-        print(f"  {info.group:15} {info.name:12} {info.distribution} {info.version}  ({info.value})")
+        print(f"  {info.group:15} {info.name:12} {info.distribution} {info.version}  "
+              f"contract {_declared(info.value)}  ({info.value})")
     rt = get_runtime()
-    print(f"\nSelected backend: {rt.backend}; registered plugins and their hooks:")
+    print(f"\nSelected backend: {rt.backend}; registered plugins, their contract and hooks:")
     for name, hooks in rt.plugins.describe():
-        print(f"  {name}: {', '.join(hooks)}")
+        version = rt.plugins.contract_of(name)
+        print(f"  {name} (contract {version if version is not None else 'undeclared'}): {', '.join(hooks)}")
     return 0
+
+
+def _declared(value: str) -> str:
+    """The contract an entry point's module declares, importing it (plugins import light)."""
+    import importlib
+
+    from fibercore.plugins import declared_contract
+
+    try:
+        module = importlib.import_module(value.split(":")[0].strip())
+    except Exception as exc:  # a broken plugin is listed, not fatal
+        return f"? (import failed: {type(exc).__name__})"
+    version = declared_contract(module)
+    return str(version) if version is not None else "undeclared"
 
 
 def _cleanup(args: argparse.Namespace) -> int:

@@ -1,9 +1,19 @@
 """The one contract between fibercore and its plugins.
 
 Every hook is prefixed ``fiber_`` and marked with ``HookspecMarker("fiber")``.
-Plugins implement them with ``@fibercore.hookimpl``. Specs only ever grow by adding
-arguments; an implementation may accept fewer arguments than its spec (pluggy's
-opt-in arguments), so old plugins keep working.
+Plugins implement them with ``@fibercore.hookimpl``. Within one contract version,
+specs only ever grow by adding arguments; an implementation may accept fewer
+arguments than its spec (pluggy's opt-in arguments), so it keeps working.
+
+Contract version (:data:`CONTRACT_VERSION`, shown by ``fiber backends``): a plugin
+module declares the version it was written for as ``FIBER_CONTRACT = 2``. The core
+refuses, with the fix in the message, a plugin that declares a version it does not
+speak (older than :data:`MIN_CONTRACT_VERSION` or newer than its own). Contract 2:
+job hooks receive the effective ``config`` (a :class:`fibercore.types.ConfigView`);
+``JobSpec`` carries ``session``, ``python`` and ``args`` (no ``command``); a backend
+reports what it runs in ``Job.command`` and never changes the spec. A backend needs
+only the public names: :mod:`fibercore.types`, :mod:`fibercore.backendkit`,
+``fibercore.hookimpl`` (and :mod:`fibercore.testing` in its tests).
 
 The core never calls ``pm.hook`` directly: it goes through the typed facade in
 :mod:`fibercore.plugins`, which also resolves the transport and serializer once.
@@ -28,9 +38,14 @@ import pluggy
 if TYPE_CHECKING:
     from fibercore.serialization import Serializer
     from fibercore.transport import Transport
-    from fibercore.types import Job, JobSpec, JobStatus, Option
+    from fibercore.types import ConfigView, Job, JobSpec, JobStatus, Option
 
 PROJECT_NAME = "fiber"
+
+#: The version of this contract (hook signatures and the types they exchange).
+CONTRACT_VERSION = 2
+#: The oldest declared version this core still loads.
+MIN_CONTRACT_VERSION = 2
 
 hookspec = pluggy.HookspecMarker(PROJECT_NAME)
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
@@ -93,7 +108,7 @@ def fiber_config_options() -> list[Option]:
 
 
 @hookspec(firstresult=True)
-def fiber_listen_host() -> str | None:
+def fiber_listen_host(config: ConfigView) -> str | None:
     """Return the address this process must advertise so that jobs can reach it.
 
     Called by the core when it opens its first listening endpoint. First non-None
@@ -104,8 +119,8 @@ def fiber_listen_host() -> str | None:
 
 
 @hookspec(firstresult=True)
-def fiber_create_job(spec: JobSpec) -> Job | None:
-    """Start a job that runs ``spec.command`` with ``spec.env``.
+def fiber_create_job(spec: JobSpec, config: ConfigView) -> Job | None:
+    """Start a job that runs ``spec.argv(<the interpreter where it runs>)`` with ``spec.env``.
 
     Called by the core when a job-backed :class:`~fibercore.Process` starts (and so
     for every Pool worker, manager server and Ring member). First non-None wins.
@@ -114,9 +129,11 @@ def fiber_create_job(spec: JobSpec) -> Job | None:
     to connect back, with a timeout, and reports the job's status and logs if it
     never does. Must deliver ``spec.secret_env`` by the safest means the backend has
     and never log it. Labels in ``spec.labels`` (always the session id) must be
-    attached to the job so that ``fiber_cleanup_jobs`` can find it.
+    attached to the job so that ``fiber_cleanup_jobs`` can find it. Must not change
+    ``spec``: the command line it really runs goes in ``Job.command``.
 
     :param spec: what to run; see :class:`fibercore.types.JobSpec`.
+    :param config: the effective configuration (the backend's own keys included).
     :return: a :class:`fibercore.types.Job` handle.
     :raises Exception: with a message that says what to fix (missing image, bad
         credentials); the core wraps it in a ``ProcessError``.
@@ -124,7 +141,7 @@ def fiber_create_job(spec: JobSpec) -> Job | None:
 
 
 @hookspec(firstresult=True)
-def fiber_job_status(job: Job) -> JobStatus | None:
+def fiber_job_status(job: Job, config: ConfigView) -> JobStatus | None:
     """Return the job's :class:`~fibercore.types.JobStatus`.
 
     Called by the core while waiting for a job to connect and by ``is_alive()``.
@@ -133,7 +150,7 @@ def fiber_job_status(job: Job) -> JobStatus | None:
 
 
 @hookspec(firstresult=True)
-def fiber_wait_job(job: Job, timeout: float | None) -> int | None:
+def fiber_wait_job(job: Job, timeout: float | None, config: ConfigView) -> int | None:
     """Wait up to ``timeout`` seconds (None: forever) for the job to finish.
 
     Called by ``Process.join()`` and by the core's exit watchers. First non-None
@@ -146,7 +163,7 @@ def fiber_wait_job(job: Job, timeout: float | None) -> int | None:
 
 
 @hookspec(firstresult=True)
-def fiber_terminate_job(job: Job, force: bool) -> bool | None:
+def fiber_terminate_job(job: Job, force: bool, config: ConfigView) -> bool | None:
     """Stop the job. Idempotent: a job already gone is not an error.
 
     Called by ``Process.terminate()`` (``force=False``, SIGTERM where possible),
@@ -157,7 +174,7 @@ def fiber_terminate_job(job: Job, force: bool) -> bool | None:
 
 
 @hookspec(firstresult=True)
-def fiber_job_logs(job: Job) -> str | None:
+def fiber_job_logs(job: Job, config: ConfigView) -> str | None:
     """Return what the job printed, as far as the backend can tell.
 
     Called when a job fails to start or dies unexpectedly, to put its output in the
@@ -166,7 +183,7 @@ def fiber_job_logs(job: Job) -> str | None:
 
 
 @hookspec(firstresult=True)
-def fiber_cleanup_jobs(session: str | None) -> int | None:
+def fiber_cleanup_jobs(session: str | None, config: ConfigView) -> int | None:
     """Remove jobs left behind by a session (None: every fiber session).
 
     Called by ``fiber cleanup``. Uses the session label every job carries.
@@ -176,7 +193,7 @@ def fiber_cleanup_jobs(session: str | None) -> int | None:
 
 
 @hookspec(firstresult=True)
-def fiber_job_secret(session: str, config: Any) -> str | None:
+def fiber_job_secret(session: str, config: ConfigView) -> str | None:
     """Return the session secret (hex) in a job whose backend delivered it by its own means.
 
     Called in a job at start-up, after plugins are loaded and the config is built, only
@@ -185,7 +202,7 @@ def fiber_job_secret(session: str, config: Any) -> str | None:
     Must not log the secret.
 
     :param session: the job's session id (``FIBER_SESSION``).
-    :param config: the job's effective :class:`fibercore.config.Config`.
+    :param config: the job's effective configuration.
     :raises Exception: with a message that says what to fix (missing permission...).
     """
 
@@ -238,8 +255,8 @@ def fiber_job_exited(job: Job, exitcode: int | None) -> None:
 
 
 @hookspec
-def fiber_worker_start(config: Any) -> None:
+def fiber_worker_start(config: ConfigView) -> None:
     """Called in a worker after it authenticated, before user code runs.
 
-    :param config: the worker's effective :class:`fibercore.config.Config`.
+    :param config: the worker's effective configuration.
     """

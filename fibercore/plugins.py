@@ -13,6 +13,10 @@ Backend selection, first that applies (DESIGN.md §2)::
 
     fibercore.init(backend=) > FIBER_BACKEND > config file > fiber_detect_backend() > local
 
+Every plugin may declare the hook contract it was written for (``FIBER_CONTRACT = 2``
+in its module); a declared version this core does not speak is refused at load time
+with the fix (see :mod:`fibercore.hookspecs`).
+
 Switches: ``FIBER_DISABLE_PLUGIN_AUTOLOAD`` (no ``fiber.plugins``, no detection),
 ``FIBER_PLUGINS=mod1,mod2`` (import and register these modules),
 ``FIBER_TRACE_HOOKS`` (log every hook call to stderr).
@@ -136,12 +140,46 @@ def _load_entry_point(group: str, name: str) -> tuple[Any, str]:
     raise BackendNotFoundError(unknown_backend_message(name))
 
 
+def declared_contract(plugin: Any) -> int | None:
+    """The hook contract version ``plugin`` declares (``FIBER_CONTRACT``), or None."""
+    value = getattr(plugin, "FIBER_CONTRACT", None)
+    return value if isinstance(value, int) else None
+
+
+def check_contract(plugin: Any, name: str) -> None:
+    """Refuse a plugin written for a hook contract this core does not speak."""
+    version = declared_contract(plugin)
+    if version is None:
+        return
+    low, high = hookspecs.MIN_CONTRACT_VERSION, hookspecs.CONTRACT_VERSION
+    if version > high:
+        raise ConfigError(
+            f"plugin {name!r} is written for fibercore hook contract {version}, but this fibercore "
+            f"speaks contract {high}: upgrade fibercore (pip install -U fibercore), or install a "
+            "release of the plugin made for this one."
+        )
+    if version < low:
+        raise ConfigError(
+            f"plugin {name!r} is written for fibercore hook contract {version}, which this fibercore "
+            f"no longer loads (it speaks {low}..{high}): upgrade the plugin, or pin an older "
+            "fibercore. docs/writing-a-backend.md lists what changed."
+        )
+
+
+def _register(pm: pluggy.PluginManager, plugin: Any, name: str | None = None) -> None:
+    """Register ``plugin`` once, after checking its declared contract."""
+    if pm.is_registered(plugin):
+        return
+    check_contract(plugin, name or getattr(plugin, "__name__", repr(plugin)))
+    pm.register(plugin, name=name)
+
+
 def new_plugin_manager() -> pluggy.PluginManager:
     pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
     pm.add_hookspecs(hookspecs)
     for modname in DEFAULT_PLUGINS:
         module = importlib.import_module(modname)
-        pm.register(getattr(module, "plugin", module), name=modname)
+        _register(pm, getattr(module, "plugin", module), modname)
     return pm
 
 
@@ -172,6 +210,9 @@ class Plugins:
         self.backend = backend
         #: Entry point values of the loaded plugins; jobs import exactly these.
         self.modules: list[str] = []
+        #: The effective configuration, handed to every job hook (set by the runtime once
+        #: it is built: the configuration depends on the plugins' options).
+        self.config: Any = None
         self._undo_trace: Callable[[], None] | None = None
 
     # -- construction --------------------------------------------------------------
@@ -186,9 +227,7 @@ class Plugins:
             # In a job: the master resolved the entry points already; importing the
             # modules directly skips reading every distribution's metadata.
             for value in filter(None, resolved.split(",")):
-                obj = _load_value(value)
-                if not pm.is_registered(obj):
-                    pm.register(obj, name=value)
+                _register(pm, _load_value(value), value)
                 values.append(value)
         elif not truthy_env("FIBER_DISABLE_PLUGIN_AUTOLOAD"):
             for info in installed(PLUGINS_GROUP):
@@ -200,20 +239,15 @@ class Plugins:
                         f"{info.distribution} failed to import: {type(exc).__name__}: {exc}. "
                         "Reinstall or uninstall it."
                     ) from exc
-                if not pm.is_registered(obj):
-                    pm.register(obj, name=f"{PLUGINS_GROUP}:{info.name}")
+                _register(pm, obj, f"{PLUGINS_GROUP}:{info.name}")
                 values.append(info.value)
         for modname in filter(None, os.environ.get("FIBER_PLUGINS", "").split(",")):
-            module = importlib.import_module(modname.strip())
-            if not pm.is_registered(module):
-                pm.register(module, name=modname.strip())
+            _register(pm, importlib.import_module(modname.strip()), modname.strip())
         for obj in extra:
-            if not pm.is_registered(obj):
-                pm.register(obj)
+            _register(pm, obj)
         if resolved is None:
             backend_plugin, value = _load_entry_point(BACKENDS_GROUP, backend)
-            if not pm.is_registered(backend_plugin):
-                pm.register(backend_plugin, name=f"{BACKENDS_GROUP}:{backend}")
+            _register(pm, backend_plugin, f"{BACKENDS_GROUP}:{backend}")
             values.append(value)
         try:
             pm.check_pending()
@@ -272,7 +306,7 @@ class Plugins:
 
     # -- jobs -------------------------------------------------------------------------
     def listen_host(self) -> str:
-        return self.pm.hook.fiber_listen_host() or "127.0.0.1"
+        return self.pm.hook.fiber_listen_host(config=self.config) or "127.0.0.1"
 
     def config_defaults(self) -> dict[str, Any]:
         """The backend's preferred values for core keys (``fiber_config_defaults``)."""
@@ -286,7 +320,7 @@ class Plugins:
         return self.pm.hook.fiber_job_secret(session=session, config=config)
 
     def create_job(self, spec: JobSpec) -> Job:
-        job = self.pm.hook.fiber_create_job(spec=spec)
+        job = self.pm.hook.fiber_create_job(spec=spec, config=self.config)
         if job is None:
             raise ProcessError(
                 f"backend {self.backend!r} did not create a job for {spec.name!r}: no plugin "
@@ -296,23 +330,23 @@ class Plugins:
         return job
 
     def job_status(self, job: Job) -> JobStatus:
-        return self.pm.hook.fiber_job_status(job=job) or JobStatus.UNKNOWN
+        return self.pm.hook.fiber_job_status(job=job, config=self.config) or JobStatus.UNKNOWN
 
     def wait_job(self, job: Job, timeout: float | None) -> int | None:
-        return self.pm.hook.fiber_wait_job(job=job, timeout=timeout)
+        return self.pm.hook.fiber_wait_job(job=job, timeout=timeout, config=self.config)
 
     def terminate_job(self, job: Job, force: bool = False) -> None:
-        self.pm.hook.fiber_terminate_job(job=job, force=force)
+        self.pm.hook.fiber_terminate_job(job=job, force=force, config=self.config)
 
     def job_logs(self, job: Job) -> str:
         try:
-            logs = self.pm.hook.fiber_job_logs(job=job)
+            logs = self.pm.hook.fiber_job_logs(job=job, config=self.config)
         except Exception as exc:  # logs are for diagnosis; never mask the real error
             return f"(logs unavailable: {type(exc).__name__}: {exc})"
         return logs if logs is not None else "(the backend keeps no logs for this job)"
 
     def cleanup_jobs(self, session: str | None) -> int:
-        return self.pm.hook.fiber_cleanup_jobs(session=session) or 0
+        return self.pm.hook.fiber_cleanup_jobs(session=session, config=self.config) or 0
 
     # -- transport and serialization ------------------------------------------------------
     def transport(self, config: Any) -> Any:
@@ -336,3 +370,7 @@ class Plugins:
             hooks = [h.name for h in self.pm.get_hookcallers(plugin) or []]
             out.append((name, sorted(hooks)))
         return out
+
+    def contract_of(self, name: str) -> int | None:
+        """The hook contract the registered plugin ``name`` declares (None: undeclared)."""
+        return declared_contract(self.pm.get_plugin(name))

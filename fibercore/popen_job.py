@@ -67,9 +67,10 @@ class JobPopen:
         self._launch = hub.register(payload)
         cfg = rt.config
         meta = get_meta(process)
-        python = cfg.get("python_exe")
         spec = JobSpec(
-            command=[python or sys.executable, "-m", "fibercore.worker"],
+            args=["-m", "fibercore.worker"],
+            python=cfg.get("python_exe") or None,
+            session=rt.session,
             env={
                 "FIBER_MASTER_ADDR": hub.address,
                 "FIBER_TOKEN": self._launch.token,
@@ -87,7 +88,6 @@ class JobPopen:
             gpu=meta.get("gpu", cfg.get("gpu_per_job")),
             labels={"fiber-session": rt.session, "fiber-process": process.name},
             cwd=os.getcwd(),
-            extras={"default_python": python is None},
         )
         self.spec = spec
         try:
@@ -143,7 +143,7 @@ class JobPopen:
             f"{self.spec.name} failed to start on backend {rt.backend!r}: {what}.\n"
             f"  job: {self.job.jid} (status {status.value}), session {rt.session} "
             f"(`fiber cleanup --session {rt.session}` stops its jobs)\n"
-            f"  command: {' '.join(self.spec.command)}\n"
+            f"  command: {' '.join(self.job.command or self.spec.argv('python'))}\n"
             f"  likely causes: the worker's Python cannot import fibercore (image or "
             f"python_exe), the job cannot reach {self._hub.address} (listen_host), or the "
             f"backend has no capacity (a pending pod, a full queue).\n"

@@ -112,11 +112,9 @@ class Process:
     def start_error(self, what: str) -> BaseException:
         """The error to raise for a launched job that never connected: ``what`` happened,
         the job, its status and its logs."""
-        from fibercore.runtime import get_runtime
-
         if self._popen is None:
             return AssertionError(f"{self.name} was never launched")
-        return self._popen.start_error(what, get_runtime().plugins.job_status(self._popen.job))
+        return self._popen.start_error(what, self.job_status())
 
     def terminate(self) -> None:
         """Stop the job (SIGTERM for local jobs); the exit code becomes negative."""
@@ -226,6 +224,15 @@ class Process:
     def job(self) -> Any:
         """The backend's :class:`~fibercore.types.Job` handle (None before start)."""
         return self._popen.job if self._popen is not None else None
+
+    def job_status(self) -> Any:
+        """The job's :class:`~fibercore.types.JobStatus` as its backend reports it (None
+        before launch): PENDING while a cluster schedules it, RUNNING, EXITED, UNKNOWN."""
+        if self._popen is None:
+            return None
+        from fibercore.runtime import get_runtime
+
+        return get_runtime().plugins.job_status(self._popen.job)
 
     def logs(self) -> str:
         """What the job printed, as far as the backend can tell."""

@@ -17,7 +17,7 @@ from typing import Any
 
 from fibercore import config as _config
 from fibercore.errors import ConfigError
-from fibercore.plugins import Plugins, detect_backend, redact
+from fibercore.plugins import Plugins, check_contract, detect_backend, redact
 from fibercore.util import truthy_env
 from fibercore.wire import Authenticator, Channel, Limits
 
@@ -31,6 +31,7 @@ class Runtime:
                  is_worker: bool) -> None:
         self.config = config
         self.plugins = plugins
+        plugins.config = config
         self.session = session
         self.secret = secret
         redact(secret)
@@ -232,6 +233,7 @@ def init(**kwargs: Any) -> _config.Config:
 
 def register_plugin(plugin: Any) -> None:
     """Register a plugin object programmatically (takes effect now and on later init())."""
+    check_contract(plugin, getattr(plugin, "__name__", repr(plugin)))
     _extra_plugins.append(plugin)
     if _runtime is not None and not _runtime.plugins.pm.is_registered(plugin):
         _runtime.plugins.pm.register(plugin)

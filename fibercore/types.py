@@ -1,8 +1,10 @@
 """The vocabulary shared by the core and backend plugins.
 
 A backend plugin knows these types and nothing else of the core (DESIGN.md §1):
-`JobSpec` (what to run), `Job` (a handle to what runs), `JobStatus` (where it is)
-and `Option` (a configuration key a plugin declares).
+`JobSpec` (what to run), `Job` (a handle to what runs), `JobStatus` (where it is),
+`Option` (a configuration key a plugin declares) and `ConfigView` (what a hook's
+``config`` argument offers). Together with :mod:`fibercore.backendkit` and
+``fibercore.hookimpl`` they are hook contract 2 (:data:`fibercore.hookspecs.CONTRACT_VERSION`).
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 
 class JobStatus(enum.Enum):
@@ -22,19 +24,44 @@ class JobStatus(enum.Enum):
     UNKNOWN = "unknown"  # the backend cannot tell (lost, deleted, API error)
 
 
-@dataclass
-class JobSpec:
-    """What a backend must start: one job running `command` with `env`.
+class ConfigView(Protocol):
+    """The effective configuration, as job hooks receive it (``config``).
 
-    `secret_env` holds values (the session secret) that the backend must deliver by
-    its safest means (a Kubernetes Secret, a file, ...) and must never log; a backend
-    that has nothing better merges them into the job's environment.
+    Values are typed (an ``int`` option gives an int); plugin keys (``docker_network``)
+    are there like core ones. ``origin(name)`` says where a value came from.
     """
 
-    command: list[str]
+    def get(self, name: str, default: Any = None) -> Any: ...
+
+    def __getitem__(self, name: str) -> Any: ...
+
+    def origin(self, name: str) -> str: ...
+
+
+@dataclass
+class JobSpec:
+    """What a backend must start: one job running ``argv(...)`` with ``env``.
+
+    - ``args`` are the interpreter's arguments (``["-m", "fibercore.worker"]``);
+      ``python`` is the interpreter the user asked for (``python_exe``), or None: the
+      backend picks the one where the job runs (``sys.executable`` for a job on this
+      machine, ``python`` on the image's PATH in a container). :meth:`argv` puts them
+      together; a backend records what it really ran in :attr:`Job.command`.
+    - ``session`` is the id every job of one master shares; ``labels`` carry it too
+      (``fiber-session``) so that ``fiber_cleanup_jobs`` can find the jobs.
+    - ``secret_env`` holds values (the session secret) that the backend must deliver by
+      its safest means (a Kubernetes Secret, a file, ...) and must never log; a backend
+      that has nothing better merges them into the job's environment.
+    - ``cpu`` (cores), ``memory`` (MiB) and ``gpu`` (count) are requests; None: the
+      backend's default.
+    """
+
+    args: list[str]
     env: dict[str, str] = field(default_factory=dict)
     secret_env: dict[str, str] = field(default_factory=dict)
     name: str = "fiber-job"
+    session: str = ""
+    python: str | None = None
     image: str | None = None
     cpu: float | None = None
     memory: int | None = None  # MiB
@@ -42,12 +69,16 @@ class JobSpec:
     volumes: dict[str, dict[str, str]] = field(default_factory=dict)
     labels: dict[str, str] = field(default_factory=dict)
     cwd: str | None = None
-    extras: dict[str, Any] = field(default_factory=dict)
+
+    def argv(self, default_python: str) -> list[str]:
+        """The command line: ``python`` (else ``default_python``) followed by ``args``."""
+        return [self.python or default_python, *self.args]
 
     def __repr__(self) -> str:  # never print secrets
         return (
-            f"JobSpec(name={self.name!r}, command={self.command!r}, image={self.image!r}, "
-            f"cpu={self.cpu}, memory={self.memory}, gpu={self.gpu}, labels={self.labels!r})"
+            f"JobSpec(name={self.name!r}, session={self.session!r}, python={self.python!r}, "
+            f"args={self.args!r}, image={self.image!r}, cpu={self.cpu}, memory={self.memory}, "
+            f"gpu={self.gpu}, labels={self.labels!r})"
         )
 
 
@@ -57,7 +88,8 @@ class Job:
 
     `jid` is the backend's identifier (a pid, a container id, a pod name, a Batch job
     id); `data` is whatever the backend keeps for itself; `pid` is an OS pid when the
-    backend has one (local), used as `Process.pid`.
+    backend has one (local), used as `Process.pid`; `command` is the command line the
+    backend really runs (shown when the job fails to start); `spec` what it was asked.
     """
 
     jid: str
@@ -66,6 +98,7 @@ class Job:
     host: str | None = None
     pid: int | None = None
     spec: JobSpec | None = None
+    command: list[str] | None = None
 
     def __repr__(self) -> str:
         return f"Job(jid={self.jid!r}, backend={self.backend!r}, pid={self.pid})"
@@ -125,4 +158,4 @@ class Option:
         return getattr(self.type, "__name__", str(self.type))
 
 
-__all__ = ["Job", "JobSpec", "JobStatus", "Option"]
+__all__ = ["ConfigView", "Job", "JobSpec", "JobStatus", "Option"]

@@ -6,6 +6,9 @@ import os
 
 import pytest
 
+#: Packages the tests install elsewhere (fixtures/fiber_echo has its own tests, run in its venv).
+collect_ignore = ["fixtures"]
+
 os.environ.setdefault("FIBER_DISABLE_PLUGIN_AUTOLOAD", "1")
 os.environ.pop("FIBER_BACKEND", None)
 

@@ -155,3 +155,73 @@ def test_facade_loads_selected_backend_only():
     p = Plugins.load("local")
     names = [n for n, _ in p.pm.list_name_plugin()]
     assert "fiber.backends:local" in names
+
+
+# -- hook contract 2 ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("declared,fix", [(hookspecs.CONTRACT_VERSION + 1, "upgrade fibercore"),
+                                          (hookspecs.MIN_CONTRACT_VERSION - 1, "upgrade the plugin")])
+def test_a_plugin_declaring_a_contract_this_core_does_not_speak_is_refused(fresh_runtime, declared, fix):
+    class Other:
+        FIBER_CONTRACT = declared
+
+        @fibercore.hookimpl
+        def fiber_listen_host(self, config):
+            return None
+
+    with pytest.raises(ConfigError, match=f"contract {declared}") as info:
+        fibercore.register_plugin(Other())
+    assert fix in str(info.value)
+
+
+def test_job_hooks_get_the_config_and_the_spec_says_session_and_interpreter(fresh_runtime):
+    """Contract 2: the job hooks receive the effective config; the spec carries the session,
+    the interpreter the user asked for (None: the backend's) and the worker's arguments; the
+    backend reports the command it ran on the Job and leaves the spec as it was."""
+    import sys
+
+    from tests.helpers import sleep_then_put
+
+    seen = {}
+
+    class Observer:
+        FIBER_CONTRACT = 2
+
+        @fibercore.hookimpl(hookwrapper=True)
+        def fiber_create_job(self, spec, config):
+            seen["config"] = config
+            seen["args_before"] = list(spec.args)
+            yield
+
+        @fibercore.hookimpl
+        def fiber_job_started(self, job, spec):
+            seen["job"], seen["spec"] = job, spec
+
+    obs = Observer()
+    fibercore.register_plugin(obs)
+    try:
+        fibercore.init(start_timeout=77)
+        q = fibercore.Queue()
+        p = fibercore.Process(target=sleep_then_put, args=(q, 0))
+        p.start()
+        q.get(timeout=30)
+        p.join(30)
+        rt = fibercore.get_runtime()
+        assert seen["config"] is rt.config and seen["config"].get("start_timeout") == 77
+        spec, job = seen["spec"], seen["job"]
+        assert spec.session == rt.session and spec.python is None
+        assert spec.args == seen["args_before"] == ["-m", "fibercore.worker"]
+        assert job.command == [sys.executable, "-m", "fibercore.worker"]
+        assert spec.argv("python") == ["python", "-m", "fibercore.worker"]
+    finally:
+        fibercore.unregister_plugin(obs)
+
+
+def test_fiber_backends_shows_the_contract_versions(capsys):
+    from fibercore.cli import main
+
+    assert main(["backends"]) == 0
+    out = capsys.readouterr().out
+    assert f"hook contract {hookspecs.CONTRACT_VERSION}" in out
+    assert re.search(r"local\s+fiber-local \S+\s+contract 2", out), out

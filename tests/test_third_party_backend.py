@@ -1,10 +1,12 @@
-"""A backend package built from a fixture folder, installed in a fresh virtualenv, selected
-with FIBER_BACKEND (and by detection), runs a Process: no change to the core."""
+"""A backend package built from a fixture folder against hook contract 2, installed in a
+fresh virtualenv, selected with FIBER_BACKEND (and by detection), runs a Process and the
+conformance suite's lifecycle tests: no change to the core."""
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 import site
 import subprocess
 import sys
@@ -33,7 +35,15 @@ PROGRAM = textwrap.dedent("""
 
 
 @pytest.fixture(scope="module")
-def venv(tmp_path_factory) -> Path:
+def package(tmp_path_factory) -> Path:
+    """A copy of the fixture package (building it in place would leave build/ in the checkout)."""
+    copy = tmp_path_factory.mktemp("src") / "fiber_echo"
+    shutil.copytree(FIXTURE, copy, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+    return copy
+
+
+@pytest.fixture(scope="module")
+def venv(tmp_path_factory, package) -> Path:
     root = tmp_path_factory.mktemp("venv")
     subprocess.run([sys.executable, "-m", "venv", str(root)], check=True)
     # See the test environment's packages (fibercore, cryptography...) without downloading them.
@@ -43,18 +53,21 @@ def venv(tmp_path_factory) -> Path:
     pth.write_text("import site; " + "; ".join(f"site.addsitedir({d!r})" for d in dirs) + "\n")
     subprocess.run(
         [str(root / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-         "--disable-pip-version-check", str(FIXTURE)],
+         "--disable-pip-version-check", str(package)],
         check=True,
     )
     return root
 
 
+def _clean_env(**env: str) -> dict[str, str]:
+    return {**{k: v for k, v in os.environ.items() if not k.startswith("FIBER_")}, **env}
+
+
 def run(venv: Path, tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
     script = tmp_path / "prog.py"
     script.write_text(PROGRAM)
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("FIBER_")}
     return subprocess.run([str(venv / "bin" / "python"), str(script)], capture_output=True, text=True,
-                          env={**clean, **env}, timeout=120, cwd=tmp_path)
+                          env=_clean_env(**env), timeout=120, cwd=tmp_path)
 
 
 def test_selected_with_fiber_backend(venv, tmp_path):
@@ -79,3 +92,16 @@ def test_unknown_backend_lists_the_installed_third_party_one(venv, tmp_path):
     assert listed is not None, out.stderr
     assert {"echo", "local"} <= set(listed.group(1).split(", "))  # and any other installed here
     assert "pip install fiber-slurm" in out.stderr
+
+
+def test_the_conformance_lifecycle_tests_pass_on_it(venv, package, tmp_path):
+    """The package's own tests subclass fibercore.testing.BackendConformance; its lifecycle
+    tests (exit codes, join, terminate, kill, logs) pass in the fresh venv."""
+    out = subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "pytest", "-p", "no:cacheprovider", "-q", "-m", "fiber_lifecycle",
+         str(package / "tests")],
+        capture_output=True, text=True, env=_clean_env(), timeout=300, cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
+    passed = re.search(r"(\d+) passed", out.stdout)
+    assert passed is not None and int(passed.group(1)) >= 7, out.stdout[-2000:]

@@ -201,6 +201,8 @@ class CloudpickleSerializer:
 
 
 class CloudpicklePlugin:
+    FIBER_CONTRACT = 2
+
     @hookimpl(trylast=True)
     def fiber_serializer(self, config: Any) -> CloudpickleSerializer:
         return CloudpickleSerializer()

@@ -1015,6 +1015,8 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class TcpPlugin:
+    FIBER_CONTRACT = 2
+
     @hookimpl(trylast=True)
     def fiber_transport(self, config: Any) -> TcpTransport:
         tls = None

@@ -10,6 +10,7 @@ that every backend (including container ones) can import them in the worker.
 from __future__ import annotations
 
 import os
+import signal
 import time
 from typing import Any, ClassVar
 
@@ -33,8 +34,13 @@ from fibercore.testing.targets import (
     slow_triple,
     spawn_grandchild,
     triple,
+    triple_after,
 )
 from fibercore.types import JobStatus
+
+#: The lifecycle tests (exit codes, join, terminate, kill, logs): ``pytest -m fiber_lifecycle``
+#: runs only them, the quickest check that a new backend's job hooks are right.
+lifecycle = pytest.mark.fiber_lifecycle
 
 
 class BackendConformance:
@@ -64,6 +70,7 @@ class BackendConformance:
         fc.init()
 
     # -- lifecycle ------------------------------------------------------------------------------
+    @lifecycle
     def test_exit_code_zero(self) -> None:
         p = fc.Process(target=sleep_for, args=(0,))
         assert p.exitcode is None
@@ -73,12 +80,14 @@ class BackendConformance:
         assert not p.is_alive()
         assert p not in fc.active_children()
 
+    @lifecycle
     def test_exit_code_from_sys_exit(self) -> None:
         p = fc.Process(target=exit_with, args=(3,))
         p.start()
         p.join(self.timeout)
         assert p.exitcode == 3
 
+    @lifecycle
     def test_exception_gives_exit_code_1_and_traceback_in_logs(self) -> None:
         p = fc.Process(target=raise_error, args=("conformance-boom",))
         p.start()
@@ -89,6 +98,7 @@ class BackendConformance:
             time.sleep(0.2)
         assert "RuntimeError: conformance-boom" in p.logs()
 
+    @lifecycle
     def test_join_timeout_and_is_alive(self) -> None:
         p = fc.Process(target=sleep_for, args=(30,))
         p.start()
@@ -102,6 +112,7 @@ class BackendConformance:
         p.join(self.timeout)
         assert not p.is_alive()
 
+    @lifecycle
     def test_terminate(self) -> None:
         p = fc.Process(target=sleep_for, args=(60,))
         p.start()
@@ -113,14 +124,16 @@ class BackendConformance:
             assert p.exitcode == self.terminate_exitcode
         p.terminate()  # terminating a finished job is not an error
 
+    @lifecycle
     def test_kill(self) -> None:
         p = fc.Process(target=sleep_for, args=(60,))
         p.start()
         p.kill()
         p.join(self.timeout)
         assert p.exitcode is not None and p.exitcode != 0
-        assert fc.get_runtime().plugins.job_status(p.job) in (JobStatus.EXITED, JobStatus.UNKNOWN)
+        assert p.job_status() in (JobStatus.EXITED, JobStatus.UNKNOWN)
 
+    @lifecycle
     def test_logs(self) -> None:
         marker = f"conformance-marker-{os.getpid()}-{time.time_ns()}"
         p = fc.Process(target=print_marker, args=(marker,))
@@ -211,6 +224,44 @@ class BackendConformance:
             assert pool.stats["replaced_workers"] >= 1
             assert pool.apply(triple, (1,)) == 3
 
+    #: Workers of the pool whose job is killed outside fibercore.
+    kill_pool_size: ClassVar[int] = 4
+
+    def kill_outside_fibercore(self, process: fc.Process) -> None:
+        """Kill ``process``'s job with the platform's own tools, not through fibercore (a
+        ``docker kill``, a pod deletion, a Batch TerminateJob, an OOM killer): the backend
+        must notice. Default: SIGKILL to the job's pid (jobs on this machine)."""
+        if process.pid is None:
+            pytest.skip("the backend has no pid to kill: override kill_outside_fibercore")
+        os.kill(process.pid, signal.SIGKILL)
+
+    def check_replaced_outside(self, victim: fc.Process, workers: list[fc.Process]) -> None:
+        """The platform's own view after the kill: override to check that it shows the
+        victim's job ended and the replacements running (a backend's extra assertions)."""
+
+    def test_pool_survives_a_job_killed_outside_fibercore(self) -> None:
+        """A worker's job killed by the platform mid-map: its tasks run again, a replacement
+        job starts, the pool is whole and usable, and the platform agrees."""
+        size = self.kill_pool_size
+        with fc.Pool(size) as pool:
+            results = pool.starmap_async(triple_after, [(x, 0.04) for x in range(50 * size)], chunksize=2)
+            assert pool.wait_until_workers_up(self.timeout * 2)  # every worker's job runs and took tasks
+            time.sleep(0.3)
+            victim = pool.workers()[0]
+            self.kill_outside_fibercore(victim)
+            assert not results.ready(), "the map finished before the kill: make the tasks slower"
+            assert results.get(self.timeout * 4) == [3 * x for x in range(50 * size)]
+            assert pool.stats["retried_chunks"] >= 1
+            deadline = time.monotonic() + self.timeout * 2
+            while (victim in pool.workers() or len(pool.workers()) < size) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            workers = pool.workers()
+            assert victim not in workers and len(workers) == size
+            assert pool.stats["replaced_workers"] >= 1
+            assert victim.job.jid not in {w.job.jid for w in workers}
+            self.check_replaced_outside(victim, workers)
+            assert pool.map(abs, range(-10, 0)) == list(range(10, 0, -1))
+
     # -- managers and rings ----------------------------------------------------------------------
     def test_manager_server_is_a_job_and_proxies_cross_jobs(self) -> None:
         from fibercore.managers import SyncManager
@@ -252,4 +303,4 @@ class BackendConformance:
             p.join(self.timeout)
         assert fc.active_children() == []
         for p in procs:
-            assert fc.get_runtime().plugins.job_status(p.job) in (JobStatus.EXITED, JobStatus.UNKNOWN)
+            assert p.job_status() in (JobStatus.EXITED, JobStatus.UNKNOWN)

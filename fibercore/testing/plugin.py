@@ -22,6 +22,12 @@ def stop_children(timeout: float = 30.0) -> None:
         p.join(timeout)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "fiber_lifecycle: the conformance suite's lifecycle tests (exit codes, join, "
+        "terminate, kill, logs)")
+
+
 @pytest.fixture
 def fiber_backend_init() -> Iterator[Callable[..., Any]]:
     import fibercore

@@ -21,16 +21,12 @@ import pluggy
 
 hookimpl = pluggy.HookimplMarker("fiber")
 
+#: The fibercore hook contract these hooks are written for (fibercore.hookspecs).
+FIBER_CONTRACT = 2
 NAME = "aws"
 TERMINAL_STATES = ("SUCCEEDED", "FAILED")
 ACTIVE_STATES = ("SUBMITTED", "PENDING", "RUNNABLE", "STARTING", "RUNNING")
 _LOG_TAIL = 64 * 1024
-
-
-def _config() -> Any:
-    from fibercore.runtime import get_runtime
-
-    return get_runtime().config
 
 
 class Backend:
@@ -106,7 +102,8 @@ class Backend:
                 self.owned_secrets[session] = name
             return name
 
-    def submit(self, spec: Any, session: str) -> Any:
+    def submit(self, spec: Any) -> tuple[Any, list[str]]:
+        """Submit ``spec``: the tracked job and the command line it runs."""
         from fiber_aws.clients import call_with_backoff
         from fiber_aws.requests import submit_request
         from fiber_aws.tracker import BatchJob
@@ -119,16 +116,16 @@ class Backend:
                 "aws_job_definition to a registered definition"
             )
         secret_hex = spec.secret_env.get("FIBER_SECRET", "")
+        session = spec.session
         request = submit_request(spec, self.cfg, session=session, definition=self.definition(str(image)),
                                  secret_param=self.secret_parameter(session, secret_hex) if secret_hex else None)
         batch = self.clients("batch")
         answer = call_with_backoff(lambda: batch.submit_job(**request), int(self.cfg.get("aws_submit_retries") or 5),
                                    f"submitting Batch job {request['jobName']} to queue {request['jobQueue']}")
         job = BatchJob(answer["jobId"], request["jobName"])
-        spec.command = request["containerOverrides"]["command"]  # what runs, for error messages
         self.tracker.add(job)
         self.tracker.poke()
-        return job
+        return job, list(request["containerOverrides"]["command"])
 
     def terminate(self, job: Any, force: bool) -> None:
         from fiber_aws.clients import error_code, reraise
@@ -224,10 +221,9 @@ _backend: Backend | None = None
 _backend_lock = threading.Lock()
 
 
-def backend() -> Backend:
-    """This process's Backend, following the current config (``init()`` may change it)."""
+def backend(cfg: Any) -> Backend:
+    """This process's Backend, following the current config ``cfg`` (``init()`` may change it)."""
     global _backend
-    cfg = _config()
     with _backend_lock:
         if _backend is None:
             _backend = Backend(cfg)
@@ -314,8 +310,8 @@ def _task_ip() -> str | None:
 
 
 @hookimpl
-def fiber_listen_host() -> str:
-    cfg = _config()
+def fiber_listen_host(config: Any) -> str:
+    cfg = config
     if os.environ.get("AWS_BATCH_JOB_ID"):  # a Batch job starting jobs of its own
         return cfg.get("aws_job_listen_host") or _task_ip() or socket.gethostbyname(socket.gethostname())
     # The master outside Batch: jobs in a VPC must be able to reach it (see the README).
@@ -325,13 +321,11 @@ def fiber_listen_host() -> str:
 
 
 @hookimpl
-def fiber_create_job(spec: Any) -> Any:
-    from fibercore.runtime import get_runtime
+def fiber_create_job(spec: Any, config: Any) -> Any:
     from fibercore.types import Job
 
-    rt = get_runtime()
-    job = backend().submit(spec, rt.session)
-    return Job(jid=job.job_id, backend=NAME, data=job, host=None, pid=None, spec=spec)
+    job, command = backend(config).submit(spec)
+    return Job(jid=job.job_id, backend=NAME, data=job, host=None, pid=None, spec=spec, command=command)
 
 
 @hookimpl
@@ -347,33 +341,33 @@ def fiber_job_status(job: Any) -> Any:
 
 
 @hookimpl
-def fiber_wait_job(job: Any, timeout: float | None) -> int | None:
+def fiber_wait_job(job: Any, timeout: float | None, config: Any) -> int | None:
     b = _batch_job(job)
     if b is None:
         return None
-    return backend().tracker.wait(b, timeout)
+    return backend(config).tracker.wait(b, timeout)
 
 
 @hookimpl
-def fiber_terminate_job(job: Any, force: bool) -> bool | None:
+def fiber_terminate_job(job: Any, force: bool, config: Any) -> bool | None:
     b = _batch_job(job)
     if b is None:
         return None
-    backend().terminate(b, force)
+    backend(config).terminate(b, force)
     return True
 
 
 @hookimpl
-def fiber_job_logs(job: Any) -> str | None:
+def fiber_job_logs(job: Any, config: Any) -> str | None:
     b = _batch_job(job)
     if b is None:
         return None
-    return backend().logs(b)
+    return backend(config).logs(b)
 
 
 @hookimpl
-def fiber_cleanup_jobs(session: str | None) -> int:
-    return backend().cleanup(session)
+def fiber_cleanup_jobs(session: str | None, config: Any) -> int:
+    return backend(config).cleanup(session)
 
 
 @hookimpl

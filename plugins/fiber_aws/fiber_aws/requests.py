@@ -95,9 +95,7 @@ def submit_request(
     queue = cfg.get("aws_job_queue")
     if not queue:
         raise AwsOptionError("no job queue: set aws_job_queue (FIBER_AWS_JOB_QUEUE) to your Batch job queue's name or ARN")
-    command = list(spec.command)
-    if spec.extras.get("default_python", True) and command:
-        command[0] = "python"  # the image's interpreter, found on its PATH
+    command = spec.argv("python")  # unless python_exe was set: the image's, found on its PATH
     env = dict(parse_pairs(cfg.get("aws_environment"), "aws_environment"))
     env.update(spec.env)
     env["PYTHONUNBUFFERED"] = "1"

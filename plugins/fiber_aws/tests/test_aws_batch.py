@@ -1,5 +1,5 @@
-"""End to end on moto's Batch: a Pool of Batch jobs survives TerminateJob; what
-DescribeJobs shows; job definitions reused; cleanup; logs and exit codes."""
+"""End to end on moto's Batch (a Pool surviving TerminateJob is in the conformance suite,
+test_aws_conformance.py): what DescribeJobs shows; job definitions reused; cleanup; logs and exit codes."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from aws_helpers import QUEUE, client
 
 import fibercore as fc
-from fibercore.testing.targets import exit_with, sleep_for, triple_after
+from fibercore.testing.targets import exit_with, sleep_for
 
 
 @pytest.fixture
@@ -20,33 +20,6 @@ def aws(aws_config: dict[str, Any], fiber_backend_init: Any) -> Any:
 
 def _describe(moto_url: str, job_id: str) -> dict[str, Any]:
     return client(moto_url, "batch").describe_jobs(jobs=[job_id])["jobs"][0]
-
-
-def test_pool_of_4_batch_jobs_survives_terminate_job(aws: Any, moto_url: str) -> None:
-    aws()
-    batch = client(moto_url, "batch")
-    with fc.Pool(4) as pool:
-        results = pool.starmap_async(triple_after, [(x, 0.04) for x in range(200)], chunksize=2)
-        assert pool.wait_until_workers_up(120)  # every worker's job runs and took tasks
-        time.sleep(0.3)
-        victim = pool.workers()[0]
-        job_id = victim.job.jid
-        assert _describe(moto_url, job_id)["status"] == "RUNNING"
-        batch.terminate_job(jobId=job_id, reason="test: TerminateJob mid-map")
-        assert not results.ready(), "the map finished before TerminateJob: make the tasks slower"
-        assert results.get(240) == [3 * x for x in range(200)]
-        assert pool.stats["retried_chunks"] >= 1
-        deadline = time.monotonic() + 120
-        while (victim in pool.workers() or len(pool.workers()) < 4) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert victim not in pool.workers() and len(pool.workers()) == 4
-        assert pool.stats["replaced_workers"] >= 1
-        described = _describe(moto_url, job_id)
-        assert described["status"] == "FAILED" and described["statusReason"] == "test: TerminateJob mid-map"
-        replacement = [w.job.jid for w in pool.workers()]
-        assert job_id not in replacement
-        assert {_describe(moto_url, j)["status"] for j in replacement} == {"RUNNING"}
-        assert pool.map(abs, range(-10, 0)) == list(range(10, 0, -1))
 
 
 def test_what_describe_jobs_shows(aws: Any, moto_url: str) -> None:

@@ -25,12 +25,12 @@ def _batch() -> Any:
 
 def _spec(**kw: Any) -> JobSpec:
     base: dict[str, Any] = {
-        "command": ["/usr/local/bin/python3", "-m", "fibercore.worker"],
+        "args": ["-m", "fibercore.worker"],
+        "session": "0123456789ab",
         "env": {"FIBER_SESSION": "0123456789ab", "FIBER_MASTER_ADDR": "tcp://10.0.0.5:4000"},
         "secret_env": {"FIBER_SECRET": "cd" * 32},
         "name": "Pool-1-Worker-3",
         "labels": {"fiber-session": "0123456789ab", "fiber-process": "Pool-1-Worker-3"},
-        "extras": {"default_python": True},
     }
     base.update(kw)
     return JobSpec(**base)

@@ -149,9 +149,7 @@ def build_request(
     image = spec.image or cfg.get("default_image")
     if not image:
         raise DockerOptionError("no image: set image=... (FIBER_IMAGE) to a worker image, see the fiber-docker README")
-    command = list(spec.command)
-    if spec.extras.get("default_python", True) and command:
-        command[0] = "python"  # the image's interpreter, found on its PATH
+    command = spec.argv("python")  # unless python_exe was set: the image's, found on its PATH
     environment = dict(spec.env)
     environment["PYTHONUNBUFFERED"] = "1"
     # `python -m` would put the working directory (the mounted cwd) first on sys.path,

@@ -22,13 +22,15 @@ from fiber_docker import DEFAULT_IMAGE
 
 hookimpl = pluggy.HookimplMarker("fiber")
 
+#: The fibercore hook contract these hooks are written for (fibercore.hookspecs).
+FIBER_CONTRACT = 2
 NAME = "docker"
 
 _engine: Any = None
 _engine_lock = threading.Lock()
 
 
-def engine() -> Any:
+def engine(config: Any) -> Any:
     """This process's Engine (created, and Docker reached, on first use)."""
     global _engine
     if _engine is None:
@@ -36,7 +38,7 @@ def engine() -> Any:
             if _engine is None:
                 from fiber_docker.engine import Engine
 
-                _engine = Engine(_config().get("docker_host") or None)
+                _engine = Engine(config.get("docker_host") or None)
     return _engine
 
 
@@ -46,21 +48,15 @@ def _at_exit() -> None:
         _engine.close()
 
 
-def _config() -> Any:
-    from fibercore.runtime import get_runtime
-
-    return get_runtime().config
-
-
 def _container(job: Any) -> Any:
     if getattr(job, "backend", None) != NAME:
         return None
     return job.data
 
 
-def _docker_socket() -> str | None:
+def _docker_socket(config: Any) -> str | None:
     """The daemon's unix socket path, to mount into jobs so that they can start jobs."""
-    host = _config().get("docker_host") or os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+    host = config.get("docker_host") or os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
     if host.startswith("unix://"):
         return host[len("unix://"):]
     return None
@@ -106,16 +102,16 @@ def fiber_config_defaults() -> dict[str, Any]:
 
 
 @hookimpl
-def fiber_listen_host() -> str:
+def fiber_listen_host(config: Any) -> str:
     from fiber_docker.options import default_network, network_gateway
 
-    network = _config().get("docker_network") or default_network()
+    network = config.get("docker_network") or default_network()
     if network == "host":
         return "127.0.0.1"
     if os.environ.get("FIBERCORE_DOCKER_CONTAINER"):
         # A job starting jobs on a bridge: siblings reach it at its own address there.
         return socket.gethostbyname(socket.gethostname())
-    gateway = network_gateway(engine().api.inspect_network(network))
+    gateway = network_gateway(engine(config).api.inspect_network(network))
     if gateway:
         return gateway
     raise RuntimeError(
@@ -125,26 +121,23 @@ def fiber_listen_host() -> str:
 
 
 @hookimpl
-def fiber_create_job(spec: Any) -> Any:
+def fiber_create_job(spec: Any, config: Any) -> Any:
     from fiber_docker.options import build_request, container_name
-    from fibercore.runtime import get_runtime
     from fibercore.types import Job
 
-    rt = get_runtime()
-    cfg = rt.config
-    eng = engine()
+    eng = engine(config)
     secret_hex = spec.secret_env.get("FIBER_SECRET")
-    secret_source = eng.secret_source(rt.session, secret_hex) if secret_hex and len(spec.secret_env) == 1 else None
+    secret_source = eng.secret_source(spec.session, secret_hex) if secret_hex and len(spec.secret_env) == 1 else None
     request = build_request(
-        spec, cfg,
-        name=container_name(rt.session, spec.name, secrets.token_hex(3)),
+        spec, config,
+        name=container_name(spec.session, spec.name, secrets.token_hex(3)),
         labels={"fiber-backend": NAME},
         secret_source=secret_source,
-        docker_socket=_docker_socket(),
+        docker_socket=_docker_socket(config),
     )
-    job = eng.create(request, echo=bool(cfg.get("docker_echo_output", True)))
-    spec.command = request.command  # what runs (the image's python), for error messages
-    return Job(jid=job.cid[:12], backend=NAME, data=job, host=None, pid=eng.pid_of(job), spec=spec)
+    job = eng.create(request, echo=bool(config.get("docker_echo_output", True)))
+    return Job(jid=job.cid[:12], backend=NAME, data=job, host=None, pid=eng.pid_of(job), spec=spec,
+               command=request.command)
 
 
 @hookimpl
@@ -160,19 +153,19 @@ def fiber_job_status(job: Any) -> Any:
 
 
 @hookimpl
-def fiber_wait_job(job: Any, timeout: float | None) -> int | None:
+def fiber_wait_job(job: Any, timeout: float | None, config: Any) -> int | None:
     c = _container(job)
     if c is None:
         return None
-    return engine().wait(c, timeout)
+    return engine(config).wait(c, timeout)
 
 
 @hookimpl
-def fiber_terminate_job(job: Any, force: bool) -> bool | None:
+def fiber_terminate_job(job: Any, force: bool, config: Any) -> bool | None:
     c = _container(job)
     if c is None:
         return None
-    engine().kill(c, force)
+    engine(config).kill(c, force)
     return True
 
 
@@ -188,6 +181,6 @@ def fiber_job_logs(job: Any) -> str | None:
 
 
 @hookimpl
-def fiber_cleanup_jobs(session: str | None) -> int:
+def fiber_cleanup_jobs(session: str | None, config: Any) -> int:
     """Remove the containers of ``session`` (every fiber session when None)."""
-    return engine().cleanup(session)
+    return engine(config).cleanup(session)

@@ -24,7 +24,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import fibercore as fc
-from fibercore.errors import ProcessError
+from fibercore import ProcessError
 from fibercore.types import JobSpec
 
 # -- the mapping, without Docker ------------------------------------------------------------
@@ -32,14 +32,14 @@ from fibercore.types import JobSpec
 
 def _spec(**kw: Any) -> JobSpec:
     base: dict[str, Any] = {
-        "command": ["/usr/bin/python3.11", "-m", "fibercore.worker"],
+        "args": ["-m", "fibercore.worker"],
+        "session": "0123456789ab",
         "env": {"FIBER_SESSION": "s1"},
         "secret_env": {"FIBER_SECRET": "ab" * 32},
         "name": "Process-1",
         "image": "img:1",
         "labels": {"fiber-session": "s1", "fiber-process": "Process-1"},
         "cwd": "/work/project",
-        "extras": {"default_python": True},
     }
     base.update(kw)
     return JobSpec(**base)
@@ -52,7 +52,7 @@ def _request(spec: JobSpec | None = None, **cfg: Any) -> Any:
 
 def test_command_uses_the_images_python_unless_python_exe_is_set() -> None:
     assert _request().command == ["python", "-m", "fibercore.worker"]
-    custom = _spec(command=["/opt/py/bin/python", "-m", "fibercore.worker"], extras={"default_python": False})
+    custom = _spec(python="/opt/py/bin/python")
     assert _request(custom).command[0] == "/opt/py/bin/python"
 
 

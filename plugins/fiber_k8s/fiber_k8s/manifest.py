@@ -159,9 +159,7 @@ def pod_manifest(
     image = spec.image or cfg.get("default_image")
     if not image:
         raise K8sOptionError("no image: set image=... (FIBER_IMAGE) to a worker image the cluster can pull")
-    command = list(spec.command)
-    if spec.extras.get("default_python", True) and command:
-        command[0] = "python"  # the image's interpreter, found on its PATH
+    command = spec.argv("python")  # unless python_exe was set: the image's, found on its PATH
     env = [{"name": k, "value": str(v)} for k, v in sorted({**spec.env, "PYTHONUNBUFFERED": "1"}.items())]
     if secret:
         env.append({"name": SECRET_KEY, "valueFrom": {"secretKeyRef": {"name": secret, "key": SECRET_KEY}}})

@@ -21,6 +21,8 @@ import pluggy
 
 hookimpl = pluggy.HookimplMarker("fiber")
 
+#: The fibercore hook contract these hooks are written for (fibercore.hookspecs).
+FIBER_CONTRACT = 2
 NAME = "kubernetes"
 
 _engine: Any = None
@@ -29,16 +31,9 @@ _engine_lock = threading.Lock()
 _retired: list[Any] = []  # engines of an earlier configuration (init() switched clusters)
 
 
-def _config() -> Any:
-    from fibercore.runtime import get_runtime
-
-    return get_runtime().config
-
-
-def engine() -> Any:
-    """This process's Engine for the configured cluster and namespace."""
+def engine(cfg: Any) -> Any:
+    """This process's Engine for the configured cluster and namespace (``cfg``)."""
     global _engine, _engine_key
-    cfg = _config()
     key = (cfg.get("k8s_kubeconfig"), cfg.get("k8s_context"), cfg.get("k8s_namespace"))
     with _engine_lock:
         if _engine is None or _engine_key != key:
@@ -117,8 +112,8 @@ def fiber_detect_backend() -> str | None:
 
 
 @hookimpl
-def fiber_listen_host() -> str:
-    cfg = _config()
+def fiber_listen_host(config: Any) -> str:
+    cfg = config
     if os.environ.get("FIBER_K8S_POD_IP") or os.environ.get("FIBER_K8S_POD_NAME"):  # a pod fibercore started
         return cfg.get("k8s_job_listen_host") or os.environ.get("FIBER_K8S_POD_IP") or socket.gethostbyname(socket.gethostname())
     from fiber_k8s.engine import in_cluster
@@ -132,26 +127,23 @@ def fiber_listen_host() -> str:
 
 
 @hookimpl
-def fiber_create_job(spec: Any) -> Any:
+def fiber_create_job(spec: Any, config: Any) -> Any:
     from fiber_k8s.manifest import label_value, pod_manifest, pod_name
-    from fibercore.runtime import get_runtime
     from fibercore.types import Job
 
-    rt = get_runtime()
-    cfg = rt.config
-    eng = engine()
-    owner = eng.owner_reference(_own_pod_name(cfg))
-    session_labels = {"fiber-session": label_value(rt.session), "app.kubernetes.io/managed-by": "fibercore"}
+    eng = engine(config)
+    owner = eng.owner_reference(_own_pod_name(config))
+    session_labels = {"fiber-session": label_value(spec.session), "app.kubernetes.io/managed-by": "fibercore"}
     secret_hex = spec.secret_env.get("FIBER_SECRET")
-    secret = eng.ensure_secret(rt.session, secret_hex, session_labels, owner) if secret_hex else None
-    name = pod_name(rt.session, spec.name, secrets.token_hex(3))
-    manifest = pod_manifest(spec, cfg, name=name, namespace=eng.namespace,
+    secret = eng.ensure_secret(spec.session, secret_hex, session_labels, owner) if secret_hex else None
+    name = pod_name(spec.session, spec.name, secrets.token_hex(3))
+    manifest = pod_manifest(spec, config, name=name, namespace=eng.namespace,
                             labels={**session_labels, "fiber-backend": NAME}, owner=owner, secret=secret)
     manifest["spec"]["containers"][0]["env"].append(
         {"name": "FIBER_K8S_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})
     job = eng.create(manifest)
-    spec.command = manifest["spec"]["containers"][0]["command"]  # what runs, for error messages
-    return Job(jid=name, backend=NAME, data=job, host=None, pid=None, spec=spec)
+    return Job(jid=name, backend=NAME, data=job, host=None, pid=None, spec=spec,
+               command=manifest["spec"]["containers"][0]["command"])
 
 
 @hookimpl
@@ -194,5 +186,5 @@ def fiber_job_logs(job: Any) -> str | None:
 
 
 @hookimpl
-def fiber_cleanup_jobs(session: str | None) -> int:
-    return engine().cleanup(session)
+def fiber_cleanup_jobs(session: str | None, config: Any) -> int:
+    return engine(config).cleanup(session)

@@ -1,6 +1,7 @@
-"""End to end on the real cluster: a Pool of pods survives a pod deletion; ownerReferences
-let the garbage collector delete the jobs with their master's pod; the Secret; pods that
-can never start; detection inside a pod; nothing left behind."""
+"""End to end on the real cluster (a Pool surviving a pod deletion is in the conformance
+suite, test_k8s_conformance.py): ownerReferences let the garbage collector delete the jobs
+with their master's pod; the Secret; pods that can never start; detection inside a pod;
+nothing left behind."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from typing import Any
 import pytest
 
 import fibercore as fc
-from fibercore.testing.targets import sleep_for, triple_after
+from fibercore.testing.targets import sleep_for
 
 
 @pytest.fixture
@@ -29,34 +30,6 @@ def _gone(core: Any, selector: str, timeout: float = 60) -> list[str]:
         if not names or time.monotonic() > deadline:
             return names
         time.sleep(0.3)
-
-
-def test_pool_of_4_pods_survives_a_pod_deletion(k8s: Any, core: Any) -> None:
-    k8s()
-    session = fc.get_runtime().session
-    with fc.Pool(4) as pool:
-        results = pool.starmap_async(triple_after, [(x, 0.08) for x in range(200)], chunksize=2)
-        deadline = time.monotonic() + 120
-        assert pool.wait_until_workers_up(120)  # every worker's pod runs and took tasks
-        time.sleep(0.3)
-        victim = pool.workers()[0]
-        name = victim.job.jid
-        while core.read_namespaced_pod(name, "default").status.phase != "Running":  # the kubelet reports late
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
-        core.delete_namespaced_pod(name, "default", grace_period_seconds=0)
-        assert not results.ready(), "the map finished before the deletion: make the tasks slower"
-        assert results.get(240) == [3 * x for x in range(200)]
-        assert pool.stats["retried_chunks"] >= 1
-        deadline = time.monotonic() + 120
-        while (victim in pool.workers() or len(pool.workers()) < 4) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert victim not in pool.workers() and len(pool.workers()) == 4
-        assert pool.stats["replaced_workers"] >= 1
-        running = {p.metadata.name for p in core.list_namespaced_pod(
-            "default", label_selector=f"fiber-session={session}").items if p.status.phase == "Running"}
-        assert {w.job.jid for w in pool.workers()} <= running and name not in running
-    assert _gone(core, f"fiber-session={session}") == []
 
 
 def test_pods_carry_labels_secret_and_owner(k8s: Any, core: Any, worker_image: str) -> None:

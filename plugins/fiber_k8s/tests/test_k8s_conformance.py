@@ -1,9 +1,11 @@
 """fiber-k8s runs fibercore's backend conformance suite on a real single-node cluster."""
 
+import time
 from typing import Any
 
 import pytest
 
+import fibercore as fc
 from fibercore.testing import BackendConformance
 
 
@@ -14,5 +16,21 @@ class TestKubernetesBackend(BackendConformance):
     timeout = 90.0
 
     @pytest.fixture
-    def backend_config(self, k8s_config: dict[str, Any]) -> dict[str, Any]:
+    def backend_config(self, k8s_config: dict[str, Any], core: Any) -> dict[str, Any]:
+        self.core = core
         return dict(k8s_config)
+
+    def kill_outside_fibercore(self, process: fc.Process) -> None:
+        """Delete the pod through the API (an eviction, a drained node, kubectl delete)."""
+        name = process.job.jid
+        deadline = time.monotonic() + self.timeout
+        while self.core.read_namespaced_pod(name, "default").status.phase != "Running":  # the kubelet reports late
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        self.core.delete_namespaced_pod(name, "default", grace_period_seconds=0)
+
+    def check_replaced_outside(self, victim: fc.Process, workers: list[fc.Process]) -> None:
+        session = fc.get_runtime().session
+        running = {p.metadata.name for p in self.core.list_namespaced_pod(
+            "default", label_selector=f"fiber-session={session}").items if p.status.phase == "Running"}
+        assert {w.job.jid for w in workers} <= running and victim.job.jid not in running

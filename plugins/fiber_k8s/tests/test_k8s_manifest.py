@@ -28,13 +28,13 @@ OWNER = {"apiVersion": "v1", "kind": "Pod", "name": "master-0", "uid": "3f6f0c8e
 
 def _spec(**kw: Any) -> JobSpec:
     base: dict[str, Any] = {
-        "command": ["/usr/local/bin/python3", "-m", "fibercore.worker"],
+        "args": ["-m", "fibercore.worker"],
+        "session": "0123456789ab",
         "env": {"FIBER_SESSION": "0123456789ab", "FIBER_MASTER_ADDR": "tcp://10.1.0.7:4000"},
         "secret_env": {"FIBER_SECRET": "ef" * 32},
         "name": "Pool-1-Worker-2",
         "image": "me/rl:1",
         "labels": {"fiber-session": "0123456789ab", "fiber-process": "Pool-1-Worker-2"},
-        "extras": {"default_python": True},
     }
     base.update(kw)
     return JobSpec(**base)

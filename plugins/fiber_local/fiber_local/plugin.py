@@ -27,6 +27,8 @@ import pluggy
 
 hookimpl = pluggy.HookimplMarker("fiber")
 
+#: The fibercore hook contract these hooks are written for (fibercore.hookspecs).
+FIBER_CONTRACT = 2
 NAME = "local"
 #: Set in every local job's environment: the pid of the master that started it.
 MASTER_PID_ENV = "FIBERCORE_LOCAL_MASTER_PID"  # not FIBER_*: that prefix is config
@@ -146,8 +148,7 @@ def _secret_pipe(secret_env: dict[str, str]) -> int | None:
 
 
 @hookimpl
-def fiber_create_job(spec: Any) -> Any:
-    from fibercore.runtime import get_runtime
+def fiber_create_job(spec: Any, config: Any) -> Any:
     from fibercore.types import Job
 
     env = dict(os.environ)
@@ -160,9 +161,10 @@ def fiber_create_job(spec: Any) -> Any:
         pass_fds = (secret_fd,)
     env[MASTER_PID_ENV] = str(os.getpid())  # `fiber cleanup` leaves jobs of a live master alone
     cwd = spec.cwd if spec.cwd and os.path.isdir(spec.cwd) else None
-    _pump.echo = bool(get_runtime().config.get("local_echo_output", True))
+    _pump.echo = bool(config.get("local_echo_output", True))
+    command = spec.argv(sys.executable)  # a job here runs this interpreter unless told otherwise
     popen = subprocess.Popen(
-        spec.command,
+        command,
         env=env,
         cwd=cwd,
         stdin=subprocess.DEVNULL,
@@ -179,7 +181,8 @@ def fiber_create_job(spec: Any) -> Any:
     _pump.add(os.dup(popen.stderr.fileno()), sys.__stderr__.fileno() if sys.__stderr__ else 2, data.tail)
     popen.stdout.close()
     popen.stderr.close()
-    return Job(jid=str(popen.pid), backend=NAME, data=data, host="127.0.0.1", pid=popen.pid, spec=spec)
+    return Job(jid=str(popen.pid), backend=NAME, data=data, host="127.0.0.1", pid=popen.pid, spec=spec,
+               command=command)
 
 
 @hookimpl
