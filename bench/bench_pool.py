@@ -198,18 +198,10 @@ def harness_clients(address: str, wids: list[int]) -> None:
 
 
 def _reserve_external_slots(core, n: int) -> list[int]:
-    """Reserve ``n`` worker slots of a pool's scheduler for clients it did not start
-    (this benchmark's harness; it reaches into the scheduler on purpose)."""
-    from fibercore.pool.scheduler import WorkerSlot
-
+    """Reserve ``n`` worker slots of a pool for clients it did not start (this benchmark's
+    harness; it reaches into the pool's fleet on purpose)."""
     with core.lock:
-        wids = []
-        for _ in range(n):
-            wid = next(core._wids)
-            core.workers[wid] = WorkerSlot(wid, None, float("inf"))
-            wids.append(wid)
-        core.target += n
-        return wids
+        return core.fleet.reserve(n)
 
 
 def scale_clients(clients: int, per_job: int) -> None:

@@ -53,6 +53,7 @@ from fibercore.errors import (
     TransportError,
     TransportTimeout,
 )
+from fibercore.pool.results import ApplyResult
 from fibercore.runtime import adopt_credentials, credentials_for_child, get_runtime
 from fibercore.util import with_traceback
 from fibercore.wire import malformed
@@ -348,43 +349,38 @@ def _run_server(registry: dict[str, tuple[Any, ...]], key: bytes | None, reply: 
 
 
 # ------------------------------------------------------------------------------------ client
-class Future:
-    """The handle of one call: ``get(timeout)``, ``ready()``, ``wait(timeout)``."""
+class Future(ApplyResult):
+    """The handle of one call, an :class:`~fibercore.pool.ApplyResult` (``get(timeout)``,
+    ``ready()``, ``wait(timeout)``, ``successful()``) whose waiting reads the answer off
+    the manager connection itself (whoever waits reads for every waiter; no reader thread)."""
 
     def __init__(self, client: _Client | None = None) -> None:
-        self._event = threading.Event()
+        super().__init__()
         self._kind = RETURN
-        self._value: Any = None
         self._convert: Callable[[Any], Any] | None = None
         self._client = client  # whose connection carries the answer (read by whoever waits)
 
-    def _set(self, kind: int, value: Any) -> None:
-        self._kind, self._value = kind, value
-        self._event.set()
+    def _answer(self, kind: int, value: Any) -> None:
+        """The server's answer: RETURN or ERROR (raised by get), or another kind ``_convert`` reads."""
+        self._kind = kind
+        self._set(0, kind != ERROR, value)
 
     def ready(self) -> bool:
         if not self._event.is_set() and self._client is not None:
             self._client.wait_for(self, 0)
         return self._event.is_set()
 
-    def wait(self, timeout: float | None = None) -> bool:
+    def wait(self, timeout: float | None = None) -> bool:  # type: ignore[override]
+        """Wait for the answer; True once it is there (as ``threading.Event.wait``)."""
         if self._client is not None:
             return self._client.wait_for(self, timeout)
         return self._event.wait(timeout)
 
-    def successful(self) -> bool:
-        if not self.ready():
-            raise ValueError(f"{self!r} not ready")
-        return self._kind != ERROR
-
     def get(self, timeout: float | None = None) -> Any:
-        if not self.wait(timeout):
-            raise TimeoutError(f"the manager did not answer within {timeout} s")
-        if self._kind == ERROR:
-            raise self._value
+        value = super().get(timeout)
         if self._convert is not None:
-            return self._convert((self._kind, self._value))
-        return self._value
+            return self._convert((self._kind, value))
+        return value
 
 
 class _Client:
@@ -463,18 +459,18 @@ class _Client:
                 value = self.serializer.loads(parts[1:])
             except Exception as exc:
                 kind, value = ERROR, RemoteError(f"cannot unpickle the manager's answer: {exc}")
-            future._set(kind, value)
+            future._answer(kind, value)
 
     def _fail_all(self, exc: BaseException) -> None:
         with self.lock:
             waiting, self.waiting = self.waiting, {}
         for future in waiting.values():
-            future._set(ERROR, exc)
+            future._answer(ERROR, exc)
 
     def request(self, op: int, ident: int, value: Any = None, reply: bool = True) -> Future:
         future = Future(self if reply else None)
         if self.closed:
-            future._set(ERROR, ProcessError(f"the manager at {self.address} is gone (shut down or its job ended)"))
+            future._answer(ERROR, ProcessError(f"the manager at {self.address} is gone (shut down or its job ended)"))
             return future
         req = next(self.ids)
         if reply:
@@ -486,9 +482,9 @@ class _Client:
         except TransportError as exc:
             with self.lock:
                 self.waiting.pop(req, None)
-            future._set(ERROR, ProcessError(f"cannot reach the manager at {self.address}: {exc}"))
+            future._answer(ERROR, ProcessError(f"cannot reach the manager at {self.address}: {exc}"))
         if not reply:
-            future._set(RETURN, None)
+            future._answer(RETURN, None)
         return future
 
 

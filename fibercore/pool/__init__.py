@@ -1,7 +1,11 @@
 """``fibercore.pool``: the Pool and its result objects.
 
 Layout: :mod:`~fibercore.pool.api` (the ``Pool`` class users call),
-:mod:`~fibercore.pool.scheduler` (task queue, pending table, workers, in the master),
+:mod:`~fibercore.pool.scheduler` (the master side: its endpoint, its lock and the thread
+that routes worker messages to three rooms: :mod:`~fibercore.pool.dispatch` for the task
+queue and pending tables, :mod:`~fibercore.pool.fleet` for the worker jobs,
+:mod:`~fibercore.pool.supervision` for deaths, retries and backoff; their shared records
+in :mod:`~fibercore.pool.records`),
 :mod:`~fibercore.pool.worker` (the loop each worker job runs),
 :mod:`~fibercore.pool.protocol` (the messages between them) and
 :mod:`~fibercore.pool.results` (``AsyncResult``, ``IMapIterator``...).

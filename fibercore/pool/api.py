@@ -2,7 +2,7 @@
 
 Every worker is a job on the selected backend. The API and its semantics are those
 of ``multiprocessing.pool.Pool``; on top of it a dead worker's tasks run again on a
-replacement (:mod:`fibercore.pool.scheduler`), and ``resize(n)`` or an adaptive
+replacement (:mod:`fibercore.pool.supervision`), and ``resize(n)`` or an adaptive
 size grows and shrinks the pool while it runs.
 """
 
@@ -17,13 +17,14 @@ from typing import Any
 
 from fibercore import lifetime
 from fibercore.pool import protocol as P
+from fibercore.pool.records import CLOSE, RUN, TERMINATE
 from fibercore.pool.results import (
     ApplyResult,
     IMapIterator,
     IMapUnorderedIterator,
     MapResult,
 )
-from fibercore.pool.scheduler import CLOSE, RUN, TERMINATE, Scheduler
+from fibercore.pool.scheduler import Scheduler
 from fibercore.runtime import get_runtime
 from fibercore.serialization import dumps_or_explain
 

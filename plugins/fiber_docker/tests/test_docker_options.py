@@ -211,7 +211,7 @@ def test_unreachable_daemon_says_what_to_do(docker_config: dict[str, Any], tmp_p
     with pytest.raises(Exception) as info:
         Engine(f"unix://{tmp_path}/no-docker.sock")
     assert "cannot reach the Docker daemon" in str(info.value) and "DOCKER_HOST" in str(info.value)
-    assert plugin.engine() is not None  # the process's engine is unaffected
+    assert plugin.engine(fc.get_config()) is not None  # the process's engine is unaffected
 
 
 def test_kept_containers_are_removed_by_cleanup(docker_backend: Any, docker_client: Any) -> None:

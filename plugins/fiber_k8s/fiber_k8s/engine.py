@@ -321,6 +321,14 @@ class Engine:
                 pass
             self.owned_secrets.discard(secret.metadata.name)
             self.known_secrets.discard(secret.metadata.name)
+        # Also forget a session Secret the listing no longer showed (deleted by the garbage
+        # collector with its owner pod): a later job of the session must create it again.
+        from fiber_k8s.manifest import secret_name
+
+        with self._lock:
+            gone = {n for n in self.known_secrets if session is None or n == secret_name(session)}
+            self.known_secrets -= gone
+            self.owned_secrets -= gone
         return len(pods)
 
     def close(self) -> None:

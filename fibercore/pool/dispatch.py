@@ -1,0 +1,301 @@
+"""Dispatch: the pool's task queue, the pending tables and the pump (paper: the task queue).
+
+* A chunk leaves the queue into the pending table of the worker it was sent to; its
+  RESULT removes it. The first result of a chunk wins; a late duplicate (from a
+  worker declared dead whose result was already in flight) is dropped, so each
+  result is delivered exactly once.
+* Workers pull: a worker holds at most ``prefetch`` chunks (2, more for tiny tasks,
+  one at a time for long ones, adapted from measured chunk times). When the queue is
+  empty and a worker idles, chunks prefetched by busy workers but not started are
+  stolen back (STEAL), so no task waits behind a slow worker.
+
+Lock rules: every field below, and the dispatch fields of each
+:class:`~fibercore.pool.records.WorkerSlot`, change under the pool's lock
+(``pool.lock``, an RLock shared by the rooms). Unpickling results and handing them to
+result objects (which run user callbacks) happen outside it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from fibercore.errors import SerializationError, TransportError
+from fibercore.pool import protocol as P
+from fibercore.pool.records import READY, TERMINATE, Batch, Chunk, WorkerSlot, chunked, func_name
+from fibercore.serialization import dumps_or_explain
+
+if TYPE_CHECKING:
+    from fibercore.pool.scheduler import Scheduler
+
+MAX_PREFETCH = 32
+#: Chunks at least this long (on average) are prefetched one at a time.
+LONG_CHUNK = 0.02
+
+
+class Dispatch:
+    """Queues chunks and hands them to workers with room."""
+
+    def __init__(self, pool: Scheduler) -> None:
+        self.pool = pool
+        #: Chunks waiting, oldest first; chunks of a dead worker go back to the front.
+        self.queue: deque[Chunk] = deque()
+        #: Every outstanding chunk by id: queued, pending at a worker, or being delivered.
+        self.chunks: dict[int, Chunk] = {}
+        #: READY workers with nothing pending / with room for more (lazily cleaned).
+        self.idle_q: deque[WorkerSlot] = deque()
+        self.room_q: deque[WorkerSlot] = deque()
+        #: Workers holding two chunks or more: where STEAL takes chunks back from.
+        self.prefetched: set[WorkerSlot] = set()
+        self.prefetch = 2
+        self.avg_chunk: float | None = None
+        #: Lazy iterables still being cut into chunks by feeder threads.
+        self.feeders = 0
+        self._cids = itertools.count(1)
+        self._bids = itertools.count(1)
+        self._function_ids: OrderedDict[int, tuple[list[Any], int]] = OrderedDict()
+
+    # -- submitting (caller threads) --------------------------------------------------
+    def new_batch(self, kind: int, func: Callable[..., Any] | None, sink: Any, what: str) -> Batch:
+        """A batch for one call. Its ``bid`` names its function in the workers' caches:
+        batches whose pickled function is the very same (a serializer returns the same
+        parts for an unchanged function) share it, so workers get the function once."""
+        if kind == P.APPLY:
+            return Batch(next(self._bids), kind, None, sink, f"{what}({func_name(func)})")
+        func_parts = dumps_or_explain(self.pool.serializer, func, f"the function given to {what}")
+        with self.pool.lock:
+            known = self._function_ids.get(id(func_parts))
+            if known is not None and known[0] is func_parts:
+                bid = known[1]
+                self._function_ids.move_to_end(id(func_parts))
+            else:
+                bid = next(self._bids)
+                self._function_ids[id(func_parts)] = (func_parts, bid)
+                if len(self._function_ids) > P.FUNC_CACHE:
+                    self._function_ids.popitem(last=False)
+        return Batch(bid, kind, func_parts, sink, f"{what}({func_name(func)})")
+
+    def add_chunk(self, batch: Batch, index: int, payload: list[Any]) -> None:
+        with self.pool.lock:
+            if self.pool.state == TERMINATE:
+                raise ValueError("Pool not running")
+            chunk = Chunk(next(self._cids), batch, index, payload)
+            self.chunks[chunk.cid] = chunk
+            self.queue.append(chunk)
+            self.pump()
+
+    def fail_chunk_now(self, batch: Batch, index: int, exc: BaseException) -> None:
+        """Deliver a failure that happened in the master (e.g. the input iterable raised)."""
+        batch.sink._set(index, False, exc)
+
+    def submit_iterable(self, batch: Batch, kind: int, iterable: Iterable[Any], chunksize: int,
+                        on_length: Callable[[int], None] | None, lazy: bool) -> None:
+        """Cut ``iterable`` into chunks and queue them, here or in a feeder thread."""
+        pool = self.pool
+
+        def feed() -> None:
+            index = 0
+            try:
+                for items in chunked(iterable, chunksize):
+                    try:
+                        payload = dumps_or_explain(pool.serializer, items, f"an item of {batch.name}")
+                    except SerializationError as exc:  # as multiprocessing: raised by get(),
+                        original = exc.__cause__ if isinstance(exc.__cause__, Exception) else exc
+                        if original is not exc:  # the pickling error itself, with the explanation
+                            original.add_note(str(exc))
+                        self.fail_chunk_now(batch, index, original)
+                        index += 1
+                        continue
+                    self.add_chunk(batch, index, payload)
+                    index += 1
+            except Exception as exc:
+                if not lazy:
+                    raise
+                if pool.state == TERMINATE:
+                    return
+                self.fail_chunk_now(batch, index, exc)
+                index += 1
+            finally:
+                if lazy:
+                    with pool.lock:
+                        self.feeders -= 1
+                        pool.changed.notify_all()
+            if on_length is not None:
+                on_length(index)
+
+        if not lazy:
+            feed()
+            return
+        with pool.lock:
+            self.feeders += 1
+        threading.Thread(target=feed, name=f"{pool.name}-feed", daemon=True).start()
+
+    def work_left(self) -> bool:
+        """Whether chunks are outstanding or still to come (lock held)."""
+        return bool(self.chunks) or self.feeders > 0
+
+    # -- handing out (lock held) ------------------------------------------------------------
+    def _capacity(self, w: WorkerSlot) -> int:
+        room = self.prefetch - len(w.pending)
+        if self.pool.maxtasks is not None:
+            room = min(room, self.pool.maxtasks - w.sent)
+        return room
+
+    def classify(self, w: WorkerSlot) -> None:
+        """File ``w`` under idle, with-room or prefetched after its pending table changed."""
+        if len(w.pending) >= 2:
+            self.prefetched.add(w)
+        else:
+            self.prefetched.discard(w)
+        if w.state != READY or self._capacity(w) <= 0:
+            return
+        if not w.pending:
+            if not w.in_idle:
+                w.in_idle = True
+                self.idle_q.append(w)
+        elif not w.in_room:
+            w.in_room = True
+            self.room_q.append(w)
+
+    def forget(self, w: WorkerSlot) -> None:
+        """``w`` is gone: no more chunks are stolen from it (lock held)."""
+        self.prefetched.discard(w)
+
+    def _next_worker(self) -> WorkerSlot | None:
+        while self.idle_q:
+            w = self.idle_q.popleft()
+            w.in_idle = False
+            if w.state == READY and not w.pending and self._capacity(w) > 0:
+                return w
+            self.classify(w)
+        while self.room_q:
+            w = self.room_q.popleft()
+            w.in_room = False
+            if w.state == READY and self._capacity(w) > 0:
+                return w
+            self.classify(w)
+        return None
+
+    def _task_message(self, w: WorkerSlot, chunk: Chunk) -> tuple[int, list[Any]]:
+        batch = chunk.batch
+        if batch.func_parts is None or batch.bid in w.known:
+            return P.TASK, [P.task_header(chunk.cid, batch.bid, batch.kind, 0), *chunk.payload]
+        w.known[batch.bid] = None
+        if len(w.known) > P.FUNC_CACHE:
+            w.known.popitem(last=False)
+        head = P.task_header(chunk.cid, batch.bid, batch.kind, len(batch.func_parts))
+        return P.TASK, [head, *batch.func_parts, *chunk.payload]
+
+    def pump(self) -> None:
+        """Hand queued chunks to workers with room, idle workers first; then steal if needed."""
+        if self.pool.state == TERMINATE:
+            return
+        sends: dict[WorkerSlot, list[tuple[int, list[Any]]]] = {}
+        while self.queue:
+            chunk = self.queue[0]
+            if chunk.done:
+                self.queue.popleft()
+                continue
+            w = self._next_worker()
+            if w is None:
+                break
+            self.queue.popleft()
+            sends.setdefault(w, []).append(self._task_message(w, chunk))
+            w.pending[chunk.cid] = chunk
+            w.sent += 1
+            chunk.last_worker = w
+            self.classify(w)
+        channel = self.pool.channel
+        for w, messages in sends.items():
+            try:
+                channel.send(messages, w.peer)
+            except TransportError:  # the worker is going; its loss puts the chunks back
+                pass
+        if not self.queue and self.idle_q and self.prefetched:
+            self._steal()
+
+    def _steal(self) -> None:
+        budget = len(self.idle_q)
+        for w in list(self.prefetched):
+            if budget <= 0:
+                break
+            if w.state == READY and not w.steal_sent and len(w.pending) >= 2:
+                w.steal_sent = True
+                budget -= 1
+                try:
+                    self.pool.channel.send([(P.STEAL, [])], w.peer)
+                except TransportError:
+                    pass
+
+    def requeue_front(self, chunks: Iterable[Chunk]) -> None:
+        """Put chunks back at the head of the queue, oldest first (lock held)."""
+        items = sorted((c for c in chunks if not c.done), key=lambda c: c.cid)
+        self.queue.extendleft(reversed(items))
+
+    def _note_time(self, micros: int) -> None:
+        seconds = micros / 1e6
+        self.avg_chunk = seconds if self.avg_chunk is None else 0.8 * self.avg_chunk + 0.2 * seconds
+        if self.avg_chunk >= LONG_CHUNK:
+            # A round trip is small next to the chunk: pull one at a time, as
+            # multiprocessing's workers do, so nothing waits behind a running chunk.
+            self.prefetch = 1
+        else:
+            self.prefetch = max(2, min(MAX_PREFETCH, 1 + int(0.0005 / max(self.avg_chunk, 1e-6))))
+
+    # -- answers (lock held, except delivery) -------------------------------------------------
+    def on_result(self, w: WorkerSlot | None, header: Any, parts: list[Any],
+                  deliveries: list[tuple[Chunk, bool, list[Any]]]) -> None:
+        """A RESULT: the chunk leaves its pending table; the first result of a chunk is
+        queued in ``deliveries`` (delivered by :meth:`deliver` once the lock is released)."""
+        cid, ok, micros = P.read_result_header(header)
+        chunk = w.pending.pop(cid, None) if w is not None else None
+        if chunk is None:
+            chunk = self.chunks.get(cid)
+        if chunk is None or chunk.done:
+            return  # a duplicate: the chunk's first result already won
+        chunk.done = True
+        self._note_time(micros)
+        deliveries.append((chunk, ok, parts))
+
+    def take_back(self, w: WorkerSlot, cids: list[int]) -> None:
+        """Chunks ``w`` gave back unstarted (after STEAL or STOP) go to the queue's front."""
+        back = [w.pending.pop(cid) for cid in cids if cid in w.pending]
+        w.sent -= len(back)
+        self.pool.stats["stolen_chunks"] += len(back)
+        self.requeue_front(back)
+
+    def deliver(self, chunk: Chunk, ok: bool, parts: list[Any]) -> None:
+        """Unpickle a result and hand it to its result object (lock not held)."""
+        try:
+            value = self.pool.serializer.loads(parts)
+        except Exception as exc:
+            ok, value = False, SerializationError(
+                f"the result of task {chunk.index} of {chunk.batch.name} arrived but could not be "
+                f"unpickled in the master ({type(exc).__name__}: {exc}); results must be importable here"
+            )
+        self.settle(chunk, ok, value)
+
+    def settle(self, chunk: Chunk, ok: bool, value: Any) -> None:
+        """Hand a finished chunk's outcome to its result object; the chunk is no longer outstanding."""
+        try:
+            chunk.batch.sink._set(chunk.index, ok, value)
+        finally:
+            with self.pool.lock:
+                self.chunks.pop(chunk.cid, None)
+                self.pool.changed.notify_all()
+
+    def fail(self, chunk: Chunk, exc: BaseException) -> None:
+        """Fail ``chunk`` with ``exc`` unless it has an outcome already (lock not held)."""
+        with self.pool.lock:
+            if chunk.done:
+                return
+            chunk.done = True
+        self.settle(chunk, False, exc)
+
+    def drop_all(self) -> list[Chunk]:
+        """Empty the queue; the chunks still without an outcome (lock held)."""
+        self.queue.clear()
+        return [c for c in self.chunks.values() if not c.done]

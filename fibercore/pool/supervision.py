@@ -1,0 +1,308 @@
+"""Supervision: the pool's failure policy, in its own thread (paper: Error Handling).
+
+* A worker's death (SIGKILL, OOM, node loss, job deleted; seen as its connection
+  closing or its job ending) puts its pending chunks back at the front of the queue;
+  each such chunk is retried up to ``max_task_retries`` times, then fails with
+  :class:`~fibercore.errors.WorkerLostError` naming the task, the worker's exit status
+  and its logs. A task that *raises* is not retried: its exception goes to the caller.
+* A job that fails to start is replaced after a backoff (0.25 s doubling to 5 s);
+  when ``max(3, target)`` starts in a row fail and no worker runs, or the initializer
+  raises, the pool is *broken*: every task fails with the reason.
+* The adaptive mode (``min_processes``/``max_processes``) moves the target with the
+  backlog.
+
+Lock rules: ``broken``, ``failures_in_a_row`` and ``next_spawn_at`` change under the
+pool's lock; ``events`` is appended to from any thread without it (a deque) and
+drained by the supervisor thread, which also owns the adaptive fields. Backend calls
+(job status, kill, join, logs) run in this thread without the lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections import deque
+from collections.abc import Hashable
+from typing import TYPE_CHECKING, Any
+
+from fibercore.errors import JobStartError, ProcessError, WorkerLostError
+from fibercore.pool.records import (
+    DEAD,
+    LEAVING,
+    READY,
+    RETIRING,
+    STARTING,
+    TERMINATE,
+    Chunk,
+    WorkerSlot,
+    items_text,
+)
+from fibercore.util import describe_exit, log_tail
+
+if TYPE_CHECKING:
+    from fibercore.pool.scheduler import Scheduler
+
+log = logging.getLogger("fibercore.pool")
+
+
+def likely_cause(code: int | None) -> str:
+    """What usually ends a worker this way, and what to do."""
+    if code == -signal.SIGKILL:
+        return ("SIGKILL usually means the kernel's out-of-memory killer (or a job deleted by hand): "
+                "raise the workers' memory with Pool(..., memory=MiB) or @fibercore.meta, or allow more "
+                "retries (max_task_retries).")
+    if code is not None and code < 0:
+        return ("A signal other than SIGKILL usually means a crash in native code (SIGSEGV, SIGABRT) or a "
+                "job stopped from outside (SIGTERM): see the logs below.")
+    if code is not None and code > 0:
+        return (f"The worker process exited with status {code} while running the task: the task (or a "
+                "library it calls) ended the process, with sys.exit() in a thread or os._exit(); see the logs below.")
+    return "The job vanished without an exit status (node lost, job deleted): see the logs below."
+
+
+class Supervision:
+    """Notices dead and failed workers, reruns their tasks, backs off, autoscales."""
+
+    def __init__(self, pool: Scheduler, min_size: int | None, max_size: int | None,
+                 idle_timeout: float) -> None:
+        self.pool = pool
+        #: Why nothing can run (the initializer raises, jobs never start); None while healthy.
+        self.broken: BaseException | None = None
+        self.failures_in_a_row = 0
+        self.next_spawn_at = 0.0
+        self.min_size = min_size
+        self.max_size = max_size
+        self.idle_timeout = idle_timeout
+        self._low_since: float | None = None
+        self._events: deque[tuple[str, Any]] = deque()
+        self._wake = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"{pool.name}-supervise", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    # -- what other threads report (no lock needed) ---------------------------------------
+    def peer_event(self, peer: Hashable, added: bool) -> None:
+        """The channel's callback: a connection closed means its worker may be gone."""
+        if not added:
+            self._events.append(("lost", peer))
+            self._wake.set()
+
+    def launch_failed(self, w: WorkerSlot) -> None:
+        """The backend refused to create ``w``'s job (``w.launch_error``)."""
+        self._events.append(("launch_failed", w))
+        self._wake.set()
+
+    # -- the backoff (lock held) --------------------------------------------------------------
+    def worker_ready(self) -> None:
+        self.failures_in_a_row = 0
+
+    def may_start_jobs(self) -> bool:
+        return time.monotonic() >= self.next_spawn_at
+
+    def clear_backoff(self) -> None:
+        self.next_spawn_at = 0.0
+
+    # -- the supervisor thread ----------------------------------------------------------------
+    def _run(self) -> None:
+        pool = self.pool
+        last_poll = 0.0
+        while True:
+            self._wake.wait(0.1)
+            self._wake.clear()
+            if pool.state == TERMINATE or pool.finished:
+                return
+            try:
+                while self._events:
+                    kind, what = self._events.popleft()
+                    if kind == "lost":
+                        with pool.lock:
+                            w = pool.fleet.by_peer.get(what)
+                        if w is not None:
+                            self.worker_gone(w, "its connection to the pool closed")
+                    elif kind == "launch_failed":
+                        self.start_failed(what, f"the backend could not create its job: {what.launch_error}")
+                now = time.monotonic()
+                poll_every = 0.1 if len(pool.fleet.workers) <= 64 else 0.5
+                if now - last_poll >= poll_every:
+                    last_poll = now
+                    self._poll_workers(now)
+                if self.min_size is not None or self.max_size is not None:
+                    self._autoscale(now)
+                with pool.lock:
+                    pool.fleet.maintain()
+            except Exception:
+                log.exception("%s: supervisor error (the pool keeps going)", pool.name)
+
+    def _poll_workers(self, now: float) -> None:
+        with self.pool.lock:
+            workers = [w for w in self.pool.fleet.workers.values() if w.state != DEAD and w.process is not None]
+        for w in workers:
+            if not w.process.launched:  # type: ignore[union-attr]
+                continue
+            code = w.poll()
+            if code is not None:
+                w.exitcode = code
+                if w.state == STARTING:
+                    self.start_failed(w, f"its job ended ({describe_exit(code)}) before it joined the pool")
+                else:
+                    self.worker_gone(w, f"its job ended ({describe_exit(code)})")
+            elif w.state == STARTING and now > w.deadline:
+                self.start_failed(w, f"it did not join the pool within {self.pool.fleet.start_timeout:.0f} s "
+                                     "(start_timeout)")
+
+    def worker_gone(self, w: WorkerSlot, why: str) -> None:
+        """``w`` died: its chunks go back to the queue (or fail after their retries), the
+        fleet starts a replacement."""
+        pool, fleet, dispatch = self.pool, self.pool.fleet, self.pool.dispatch
+        with pool.lock:
+            was = fleet.mark_dead(w)
+            if was is None:
+                return
+            fleet.by_peer.pop(w.peer, None)
+            dispatch.forget(w)
+            pending = list(w.pending.values())
+            w.pending.clear()
+        if w.poll() is None:
+            fleet.kill(w)
+        if w.process is not None and w.process.launched:
+            w.process.join(5.0)
+            w.exitcode = w.process.exitcode
+        clean = was in (LEAVING, RETIRING) and not pending
+        failed: list[Chunk] = []
+        with pool.lock:
+            fleet.remove(w)
+            fleet.settled(w)
+            if not clean and pool.state != TERMINATE:
+                log.warning("%s: worker %s is gone (%s; %s); %d task chunk(s) go back to the queue",
+                            pool.name, w.name, why, describe_exit(w.exitcode), len(pending))
+                pool.stats["replaced_workers"] += 1
+            requeue = []
+            for chunk in pending:
+                if chunk.done:
+                    continue
+                if not w.killed_by_pool:
+                    chunk.attempts += 1
+                if chunk.attempts > pool.retries:
+                    failed.append(chunk)
+                else:
+                    requeue.append(chunk)
+            pool.stats["retried_chunks"] += len(requeue)
+            dispatch.requeue_front(requeue)
+            fleet.maintain()
+            dispatch.pump()
+            pool.changed.notify_all()
+        if failed:
+            logs = self._logs(w)
+            for chunk in failed:
+                what = items_text(chunk)
+                err = WorkerLostError(
+                    f"{what} of {chunk.batch.name} {'were' if what.startswith('items') else 'was'} "
+                    f"lost: its worker {w.name} ({self._job_name(w)}) died ({why}; "
+                    f"{describe_exit(w.exitcode)}), and it had already been retried {pool.retries} "
+                    f"time(s) on fresh workers (max_task_retries={pool.retries}). "
+                    f"{likely_cause(w.exitcode)}\n  session: {pool.rt.session}\n  last worker's logs:\n{logs}"
+                )
+                dispatch.fail(chunk, err)
+
+    def _job_name(self, w: WorkerSlot) -> str:
+        job = w.process.job if w.process is not None else None
+        return f"job {job.jid} on {self.pool.rt.backend}" if job is not None else "no job"
+
+    def _logs(self, w: WorkerSlot) -> str:
+        if w.process is None:
+            return "(external worker: no logs)"
+        try:
+            text = w.process.logs().strip()
+        except Exception as exc:
+            return f"(logs unavailable: {exc})"
+        return log_tail(text)
+
+    def start_failed(self, w: WorkerSlot, what: str) -> None:
+        """``w``'s job never joined: back off before the next start, or break the pool when
+        starts keep failing and nothing runs."""
+        pool, fleet = self.pool, self.pool.fleet
+        with pool.lock:
+            was = fleet.mark_dead(w)
+            if was is None:
+                return
+            fleet.workers.pop(w.wid, None)
+            fleet.settled(w)
+        if was == RETIRING or self.broken is not None:
+            return
+        fleet.kill(w)
+        if w.process is not None and w.process.launched:
+            err: BaseException = w.process.start_error(what)
+        elif isinstance(w.launch_error, BaseException):
+            err = w.launch_error
+        else:  # pragma: no cover - a slot without a job
+            err = JobStartError(f"{w.name} failed to start: {what}")
+        log.warning("%s: worker %s failed to start: %s", pool.name, w.name, what)
+        with pool.lock:
+            self.failures_in_a_row += 1
+            k = self.failures_in_a_row
+            if fleet.ready_count() == 0 and k >= max(3, fleet.target):
+                self.break_pool(err, f"{k} worker jobs in a row failed to start and none is running")
+                return
+            self.next_spawn_at = time.monotonic() + min(5.0, 0.25 * 2 ** min(k, 5))
+
+    def on_initfail(self, w: WorkerSlot, text: str, parts: list[Any]) -> None:
+        """``w``'s initializer raised: the pool cannot run anything (lock held)."""
+        from multiprocessing.pool import RemoteTraceback
+
+        try:
+            exc = self.pool.serializer.loads(parts)
+        except Exception as load_error:
+            exc = ProcessError(f"the pool initializer raised (and its exception could not be unpickled: {load_error})")
+        exc.__cause__ = RemoteTraceback(text)
+        self.break_pool(exc, f"its initializer raised {type(exc).__name__} in {w.name}", deliver_cause=True)
+
+    def break_pool(self, exc: BaseException, why: str, deliver_cause: bool = False) -> None:
+        """Nothing can run (initializer raises, jobs never start): fail every task with why.
+
+        Tasks get a ProcessError that says why and carries the cause, or the cause
+        itself when it is the user's own exception (``deliver_cause``).
+        """
+        pool = self.pool
+        with pool.lock:
+            if self.broken is not None:
+                return
+            self.broken = ProcessError(f"{why}:\n{exc}")
+            self.broken.__cause__ = exc
+            if not deliver_cause:
+                exc = self.broken
+            pending = list(pool.dispatch.chunks.values())
+            pool.dispatch.queue.clear()
+            workers = list(pool.fleet.workers.values())
+        log.error("%s: cannot run tasks: %s", pool.name, why)
+        for w in workers:
+            w.killed_by_pool = True
+            pool.fleet.submit(pool.fleet.kill, w)
+        for chunk in pending:
+            pool.dispatch.fail(chunk, exc)
+
+    def _autoscale(self, now: float) -> None:
+        pool, fleet = self.pool, self.pool.fleet
+        lo = self.min_size if self.min_size is not None else 0
+        hi = self.max_size if self.max_size is not None else max(fleet.target, lo)
+        with pool.lock:
+            if pool.state == TERMINATE:
+                return
+            busy = sum(1 for w in fleet.workers.values() if w.state == READY and w.pending)
+            want = max(lo, min(hi, busy + len(pool.dispatch.queue)))
+            if want > fleet.target:
+                self._low_since = None
+                fleet.resize(want)
+            elif want < fleet.target:
+                if self._low_since is None:
+                    self._low_since = now
+                elif now - self._low_since >= self.idle_timeout:
+                    self._low_since = None
+                    fleet.resize(want)
+            else:
+                self._low_since = None
