@@ -30,7 +30,15 @@ class TestKubernetesBackend(BackendConformance):
         self.core.delete_namespaced_pod(name, "default", grace_period_seconds=0)
 
     def check_replaced_outside(self, victim: fc.Process, workers: list[fc.Process]) -> None:
+        """The cluster shows the workers' pods Running (the kubelet reports a pod's phase
+        seconds after its container runs) and the victim's pod gone."""
         session = fc.get_runtime().session
-        running = {p.metadata.name for p in self.core.list_namespaced_pod(
-            "default", label_selector=f"fiber-session={session}").items if p.status.phase == "Running"}
-        assert {w.job.jid for w in workers} <= running and victim.job.jid not in running
+        wanted = {w.job.jid for w in workers}
+        deadline = time.monotonic() + self.timeout
+        while True:
+            running = {p.metadata.name for p in self.core.list_namespaced_pod(
+                "default", label_selector=f"fiber-session={session}").items if p.status.phase == "Running"}
+            if (wanted <= running and victim.job.jid not in running) or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert wanted <= running and victim.job.jid not in running
