@@ -11,7 +11,9 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from fibercore.errors import (
+    AbandonedLockWarning,
     AuthenticationError,
+    BrokenBarrierError,
     ConfigError,
     FiberError,
     JobStartError,
@@ -50,15 +52,28 @@ _LAZY: dict[str, tuple[str, str]] = {
     "Queue": ("fibercore.queues", "Queue"),
     "JoinableQueue": ("fibercore.queues", "JoinableQueue"),
     "SimpleQueue": ("fibercore.queues", "SimpleQueue"),
+    "sync": ("fibercore.sync", ""),
     **{
         name: ("fibercore.context", f"_default_context.{name}")
         for name in (
+            "Lock", "RLock", "Semaphore", "BoundedSemaphore", "Condition", "Event", "Barrier",
+            "Value", "Array", "RawValue", "RawArray",
             "Pipe", "Manager", "cpu_count", "get_context", "get_start_method", "set_start_method",
             "get_all_start_methods", "freeze_support", "set_executable",
             "allow_connection_pickling", "get_logger", "log_to_stderr",
         )
     },
 }
+
+
+def _register_start_method() -> None:
+    """``multiprocessing.get_context("fiber")`` is fibercore's context (see FiberContext)."""
+    from fibercore.context import register_with_multiprocessing
+
+    register_with_multiprocessing()
+
+
+_register_start_method()
 
 
 def __getattr__(name: str) -> Any:
@@ -88,8 +103,21 @@ def get_config() -> Any:
 
 
 __all__ = [
+    "AbandonedLockWarning",
+    "Array",
     "AuthenticationError",
+    "Barrier",
+    "BoundedSemaphore",
+    "BrokenBarrierError",
     "BufferTooShort",
+    "Condition",
+    "Event",
+    "Lock",
+    "RLock",
+    "RawArray",
+    "RawValue",
+    "Semaphore",
+    "Value",
     "ConfigError",
     "Connection",
     "FiberContext",

@@ -65,6 +65,64 @@ class FiberContext:
     def SimpleQueue(self) -> queues.SimpleQueue:
         return queues.SimpleQueue(ctx=self)
 
+    # -- synchronization and shared values (fibercore.sync) -------------------------------------
+    def Lock(self) -> Any:
+        from fibercore.sync import Lock
+
+        return Lock(ctx=self)
+
+    def RLock(self) -> Any:
+        from fibercore.sync import RLock
+
+        return RLock(ctx=self)
+
+    def Semaphore(self, value: int = 1) -> Any:
+        from fibercore.sync import Semaphore
+
+        return Semaphore(value, ctx=self)
+
+    def BoundedSemaphore(self, value: int = 1) -> Any:
+        from fibercore.sync import BoundedSemaphore
+
+        return BoundedSemaphore(value, ctx=self)
+
+    def Condition(self, lock: Any = None) -> Any:
+        from fibercore.sync import Condition
+
+        return Condition(lock, ctx=self)
+
+    def Event(self) -> Any:
+        from fibercore.sync import Event
+
+        return Event(ctx=self)
+
+    def Barrier(self, parties: int, action: Any = None, timeout: float | None = None) -> Any:
+        from fibercore.sync import Barrier
+
+        return Barrier(parties, action, timeout, ctx=self)
+
+    def Value(self, typecode_or_type: Any, *args: Any, lock: Any = True) -> Any:
+        from fibercore.sync import Value
+
+        return Value(typecode_or_type, *args, lock=lock, ctx=self)
+
+    def Array(self, typecode_or_type: Any, size_or_initializer: Any, *, lock: Any = True) -> Any:
+        from fibercore.sync import Array
+
+        return Array(typecode_or_type, size_or_initializer, lock=lock, ctx=self)
+
+    @staticmethod
+    def RawValue(typecode_or_type: Any, *args: Any) -> Any:
+        from fibercore.sync import RawValue
+
+        return RawValue(typecode_or_type, *args)
+
+    @staticmethod
+    def RawArray(typecode_or_type: Any, size_or_initializer: Any) -> Any:
+        from fibercore.sync import RawArray
+
+        return RawArray(typecode_or_type, size_or_initializer)
+
     # -- managers -------------------------------------------------------------------------
     @staticmethod
     def Manager() -> Any:
@@ -84,6 +142,9 @@ class FiberContext:
         return Pool(processes, initializer, initargs, maxtasksperchild, context=self, **kwargs)
 
     # -- start methods (compatibility) ---------------------------------------------------------
+    def _check_available(self) -> None:
+        """multiprocessing asks this of a context it returns from ``get_context(name)``."""
+
     def get_context(self, method: str | None = None) -> FiberContext:
         if method is None or method in START_METHODS:
             return self
@@ -136,3 +197,13 @@ class FiberContext:
 
 
 _default_context = FiberContext()
+
+
+def register_with_multiprocessing() -> None:
+    """Make ``multiprocessing.get_context("fiber")`` return fibercore's context, so that a
+    library that takes a start-method name runs its processes as jobs (gymnasium's
+    ``AsyncVectorEnv(..., context="fiber")``). Done when ``fibercore`` is imported."""
+    import multiprocessing.context as mp_context
+
+    mp_context._concrete_contexts.setdefault("fiber", _default_context)  # type: ignore[attr-defined]
+

@@ -7,6 +7,7 @@ catches, so `except multiprocessing.ProcessError` keeps working after the import
 from __future__ import annotations
 
 import multiprocessing
+import threading
 
 
 class FiberError(Exception):
@@ -68,3 +69,13 @@ class TransportTimeout(TransportError):
 
 class TransportClosed(TransportError):
     """The endpoint was closed."""
+
+
+class BrokenBarrierError(threading.BrokenBarrierError, FiberError):
+    """A shared ``Barrier`` is broken: aborted, reset, a party timed out, its action
+    raised, or a party's process died (the message says which)."""
+
+
+class AbandonedLockWarning(RuntimeWarning):
+    """A shared lock was acquired after its previous holder's process ended while holding
+    it: fibercore released it, but what it protected may be half-updated."""

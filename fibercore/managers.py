@@ -32,47 +32,53 @@ import array
 import functools
 import itertools
 import logging
-import multiprocessing.managers
 import os
 import queue
-import struct
 import threading
-import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from fibercore import lifetime
+from fibercore import lifetime, sync
 from fibercore.errors import (
     AuthenticationError,
     ProcessError,
     TimeoutError,
     TransportClosed,
     TransportError,
-    TransportTimeout,
 )
-from fibercore.pool.results import ApplyResult
+from fibercore.rpc import (
+    ERROR,
+    HEAD,
+    REPLY,
+    REQUEST,
+    RETURN,
+    Client,
+    Future,
+    RemoteError,
+)
+from fibercore.rpc import client as rpc_client
+from fibercore.rpc import peek as rpc_peek
 from fibercore.runtime import adopt_credentials, credentials_for_child, get_runtime
 from fibercore.util import with_traceback
 from fibercore.wire import malformed
 
 log = logging.getLogger("fibercore.managers")
 
-CREATE, CALL, INCREF, DECREF, REPLY, SHUTDOWN = range(1, 7)
-RETURN, ERROR, PROXY = 0, 1, 2
-_HEAD = struct.Struct("<QQ")  # a reply: request id, kind
-_REQUEST = struct.Struct("<QQQ")  # request id, object id, the calling thread (its lane)
+CREATE, CALL, INCREF, DECREF, SHUTDOWN = 1, 2, 3, 4, 6  # REPLY (5) and the kinds: fibercore.rpc
+PROXY = 2  # a reply kind beside rpc's RETURN and ERROR: the answer is a new shared object
+
+
+class BY_VALUE:  # noqa: N801 - a marker used like a constant (a class: it pickles by reference)
+    """The proxy type of a registered type whose objects are made in the server's own
+    synchronization service (fibercore.sync) and returned by value: a handle that talks to
+    that service directly."""
 #: Threads of a manager server that wait to read requests while others run calls.
 SPARE_READERS = 2
 #: Most threads reading and running calls at once; beyond it calls queue for the pool.
 MAX_READERS = 64
-
-
-class RemoteError(ProcessError, multiprocessing.managers.RemoteError):
-    """An error in the manager server: a method the proxy does not expose, or an exception
-    that could not be sent as itself (``multiprocessing.managers.RemoteError`` too)."""
 
 
 class Token:
@@ -167,7 +173,7 @@ class _Server:
 
     def _handle(self, op: int, parts: list[Any], peer: Hashable, ready: list[tuple[Hashable, int, int]]) -> None:
         """One request; a call whose lane was idle is added to ``ready`` (to run now)."""
-        req, ident, thread = _REQUEST.unpack(parts[0])
+        req, ident, thread = REQUEST.unpack(parts[0])
         if op == SHUTDOWN:
             self._reply(peer, req, RETURN, None)
             self.stop.set()
@@ -229,8 +235,11 @@ class _Server:
     def _create(self, peer: Hashable, req: int, payload: list[Any]) -> None:
         try:
             typeid, args, kwds = self.serializer.loads(payload)
-            factory, exposed, method_to_typeid, _proxytype = self.registry[typeid]
+            factory, exposed, method_to_typeid, proxytype = self.registry[typeid]
             obj = factory(*args, **kwds)
+            if proxytype is BY_VALUE:  # a handle to an object of this process's sync service
+                self._reply(peer, req, RETURN, obj)
+                return
             if exposed is None:
                 exposed = getattr(obj, "_exposed_", None)
             self._reply(peer, req, RETURN, self._register(typeid, obj, exposed, method_to_typeid))
@@ -280,7 +289,7 @@ class _Server:
             kind, parts = ERROR, self.serializer.dumps(with_traceback(RemoteError(
                 f"the manager could not pickle the result ({type(exc).__name__}: {exc})")))
         try:
-            self.channel.send([(REPLY, [_HEAD.pack(req, kind), *parts])], peer)
+            self.channel.send([(REPLY, [HEAD.pack(req, kind), *parts])], peer)
         except TransportError:
             pass  # the client is gone
 
@@ -349,155 +358,9 @@ def _run_server(registry: dict[str, tuple[Any, ...]], key: bytes | None, reply: 
 
 
 # ------------------------------------------------------------------------------------ client
-class Future(ApplyResult):
-    """The handle of one call, an :class:`~fibercore.pool.ApplyResult` (``get(timeout)``,
-    ``ready()``, ``wait(timeout)``, ``successful()``) whose waiting reads the answer off
-    the manager connection itself (whoever waits reads for every waiter; no reader thread)."""
-
-    def __init__(self, client: _Client | None = None) -> None:
-        super().__init__()
-        self._kind = RETURN
-        self._convert: Callable[[Any], Any] | None = None
-        self._client = client  # whose connection carries the answer (read by whoever waits)
-
-    def _answer(self, kind: int, value: Any) -> None:
-        """The server's answer: RETURN or ERROR (raised by get), or another kind ``_convert`` reads."""
-        self._kind = kind
-        self._set(0, kind != ERROR, value)
-
-    def ready(self) -> bool:
-        if not self._event.is_set() and self._client is not None:
-            self._client.wait_for(self, 0)
-        return self._event.is_set()
-
-    def wait(self, timeout: float | None = None) -> bool:  # type: ignore[override]
-        """Wait for the answer; True once it is there (as ``threading.Event.wait``)."""
-        if self._client is not None:
-            return self._client.wait_for(self, timeout)
-        return self._event.wait(timeout)
-
-    def get(self, timeout: float | None = None) -> Any:
-        value = super().get(timeout)
-        if self._convert is not None:
-            return self._convert((self._kind, value))
-        return value
-
-
-class _Client:
-    """This process's connection to one manager server; many proxies share it."""
-
-    def __init__(self, address: str, key: bytes | None) -> None:
-        rt = get_runtime()
-        self.serializer = rt.serializer
-        self.address = address
-        self.pid = os.getpid()
-        self.channel = rt.dial("router", address, key)
-        self.ids = itertools.count(1)
-        self.waiting: dict[int, Future] = {}
-        self.lock = threading.Lock()
-        self.closed = False
-        self.reading = threading.Lock()  # held by the one thread that reads answers for all
-        self.channel.on_peer_event(self._peer_event)
-
-    def _peer_event(self, peer: object, added: bool) -> None:
-        if not added:  # the server is gone: fail waiting calls, never block on it again
-            self.close(ProcessError(f"the manager at {self.address} went away (shut down or its job ended)"))
-
-    def close(self, exc: BaseException) -> None:
-        self.closed = True
-        self._fail_all(exc)
-        self.channel.close()
-        _clients.discard(self)
-
-    def wait_for(self, future: Future, timeout: float | None) -> bool:
-        """Wait until ``future`` has its answer; False after ``timeout``.
-
-        No thread of its own: the first waiting thread reads the connection and hands
-        every answer to its future (its own ends its wait at once, with no hand-off);
-        the others wait for theirs, or to take over reading when it leaves.
-        """
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while not future._event.is_set():
-            remaining = None if deadline is None else deadline - time.monotonic()
-            if remaining is not None and remaining <= 0 and timeout != 0:
-                return False
-            if self.reading.acquire(blocking=False):
-                try:
-                    self._read_until(future, deadline)
-                finally:
-                    self.reading.release()
-                if timeout == 0 or (deadline is not None and time.monotonic() >= deadline):
-                    return future._event.is_set()
-            elif timeout == 0:
-                return False
-            else:  # another thread reads: our answer comes through it, or we take over
-                future._event.wait(FOLLOWER_STEP if remaining is None else min(FOLLOWER_STEP, remaining))
-        return True
-
-    def _read_until(self, future: Future, deadline: float | None) -> None:
-        while not future._event.is_set():
-            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            try:
-                messages, _ = self.channel.recv(remaining)
-            except TransportTimeout:
-                return
-            except TransportClosed:
-                self._fail_all(ProcessError(f"the connection to the manager at {self.address} closed"))
-                return
-            self._answer(messages)
-
-    def _answer(self, messages: list[tuple[int, list[Any]]]) -> None:
-        for op, parts in messages:
-            if op != REPLY:
-                continue
-            req, kind = _HEAD.unpack(parts[0])
-            with self.lock:
-                future = self.waiting.pop(req, None)
-            if future is None:
-                continue
-            try:
-                value = self.serializer.loads(parts[1:])
-            except Exception as exc:
-                kind, value = ERROR, RemoteError(f"cannot unpickle the manager's answer: {exc}")
-            future._answer(kind, value)
-
-    def _fail_all(self, exc: BaseException) -> None:
-        with self.lock:
-            waiting, self.waiting = self.waiting, {}
-        for future in waiting.values():
-            future._answer(ERROR, exc)
-
-    def request(self, op: int, ident: int, value: Any = None, reply: bool = True) -> Future:
-        future = Future(self if reply else None)
-        if self.closed:
-            future._answer(ERROR, ProcessError(f"the manager at {self.address} is gone (shut down or its job ended)"))
-            return future
-        req = next(self.ids)
-        if reply:
-            with self.lock:
-                self.waiting[req] = future
-        parts = self.serializer.dumps(value)
-        try:
-            self.channel.send([(op, [_REQUEST.pack(req, ident, threading.get_ident()), *parts])])
-        except TransportError as exc:
-            with self.lock:
-                self.waiting.pop(req, None)
-            future._answer(ERROR, ProcessError(f"cannot reach the manager at {self.address}: {exc}"))
-        if not reply:
-            future._answer(RETURN, None)
-        return future
-
-
-#: Seconds a thread waiting for an answer that another thread reads checks whether to take over.
-FOLLOWER_STEP = 0.005
-
-_clients: lifetime.PerProcess[tuple[str, bytes | None], _Client] = lifetime.PerProcess()  # by (address, authkey)
-
-
-def _client(address: str, key: bytes | None) -> _Client:
+def _client(address: str, key: bytes | None) -> Client:
     """This process's connection to the manager server at ``address``."""
-    client = _clients.peek((address, key))  # every proxy call asks: no closure made on that path
-    return client if client is not None else _clients.get((address, key), lambda: _Client(address, key))
+    return rpc_client(address, key, f"the manager at {address}")
 
 
 # ------------------------------------------------------------------------------------ proxies
@@ -578,7 +441,7 @@ class BaseProxy:
             return repr(self)[:-1] + "; '__str__()' failed>"
 
 
-def _decref(client: _Client, ident: int) -> None:
+def _decref(client: Client, ident: int) -> None:
     if not client.closed and client.pid == os.getpid():
         try:
             client.request(DECREF, ident, reply=False)
@@ -862,6 +725,8 @@ class BaseManager:
             raise ProcessError(f"the manager is {self._state}: create a new manager and start() it")
         _, exposed, _m2t, proxytype = self._registry[typeid]
         client = _client(self._address, self._authkey)  # type: ignore[arg-type]
+        if proxytype is BY_VALUE:  # the server made it in its sync service: here is its handle
+            return client.request(CREATE, 0, (typeid, args, kwds)).get()  # type: ignore[no-any-return]
         ident, exposed = client.request(CREATE, 0, (typeid, args, kwds)).get()
         token = Token(typeid, self._address, ident)  # type: ignore[arg-type]
         proxy = (proxytype or AutoProxy)(token, serializer=self._serializer, manager=self,
@@ -879,6 +744,8 @@ class BaseManager:
             cls._registry = dict(cls._registry)
         if proxytype is None:
             proxytype = AutoProxy
+        if proxytype is BY_VALUE:
+            exposed = ()
         exposed = exposed or getattr(proxytype, "_exposed_", None)
         method_to_typeid = method_to_typeid or getattr(proxytype, "_method_to_typeid_", None)
         if method_to_typeid:
@@ -898,7 +765,7 @@ def _stop_server(process: Any, address: str, key: bytes | None, timeout: float) 
         _client(address, key).request(SHUTDOWN, 0).get(timeout + 5)
     except Exception:
         pass
-    client = _clients.peek((address, key))
+    client = rpc_peek(address, key)
     if client is not None:
         client.close(ProcessError(f"the manager at {address} was shut down"))
     if process is not None:
@@ -922,6 +789,50 @@ SyncManager.register("Array", Array, ArrayProxy)
 SyncManager.register("Iterator", proxytype=IteratorProxy, create_method=False)
 
 
+class _ManagedHandle:
+    """A fibercore.sync handle made by a manager: it lives in the manager's process (and
+    goes with it), and calls that process's sync service directly (no manager thread
+    blocks on an acquire). Named as multiprocessing names the proxies."""
+
+    _typeid = ""
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} object, typeid {self._typeid!r} at {id(self):#x}>"
+
+
+class LockProxy(_ManagedHandle, sync.Lock):
+    _typeid = "Lock"
+
+
+class RLockProxy(_ManagedHandle, sync.RLock):
+    _typeid = "RLock"
+
+
+class SemaphoreProxy(_ManagedHandle, sync.Semaphore):
+    _typeid = "Semaphore"
+
+
+class BoundedSemaphoreProxy(_ManagedHandle, sync.BoundedSemaphore):
+    _typeid = "BoundedSemaphore"
+
+
+class ConditionProxy(_ManagedHandle, sync.Condition):
+    _typeid = "Condition"
+
+
+class EventProxy(_ManagedHandle, sync.Event):
+    _typeid = "Event"
+
+
+class BarrierProxy(_ManagedHandle, sync.Barrier):
+    _typeid = "Barrier"
+
+
+for _handle in (LockProxy, RLockProxy, SemaphoreProxy, BoundedSemaphoreProxy, ConditionProxy, EventProxy,
+                BarrierProxy):
+    SyncManager.register(_handle._typeid, _handle, BY_VALUE)
+
+
 class AsyncManager(SyncManager):
     """Like SyncManager, but each proxy method call returns a handle at once.
 
@@ -937,17 +848,24 @@ __all__ = [
     "Array",
     "AsyncManager",
     "AutoProxy",
+    "BarrierProxy",
     "BaseListProxy",
     "BaseManager",
     "BaseProxy",
+    "BoundedSemaphoreProxy",
+    "ConditionProxy",
     "DictProxy",
+    "EventProxy",
     "Future",
     "IteratorProxy",
     "ListProxy",
+    "LockProxy",
     "MakeProxyType",
     "Namespace",
     "NamespaceProxy",
+    "RLockProxy",
     "RemoteError",
+    "SemaphoreProxy",
     "SyncManager",
     "Token",
     "Value",

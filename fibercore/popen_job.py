@@ -60,6 +60,7 @@ class JobPopen:
             "cwd": os.getcwd(),
             "parent_pid": os.getpid(),
             "parent_name": process._parent_name,
+            "name": process.name,
             "parent_host": socket.gethostname(),
             "argv": list(sys.argv),  # as multiprocessing's spawn: the child sees the parent's argv
         }

@@ -306,6 +306,8 @@ class Process:
             traceback.print_exc()
         finally:
             _exit_function()
+            # As multiprocessing's children: wait for the target's non-daemonic threads.
+            threading._shutdown()  # type: ignore[attr-defined]
             for stream in (sys.stdout, sys.stderr):
                 try:
                     stream.flush()

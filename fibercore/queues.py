@@ -106,6 +106,8 @@ class _Broker:
         self.peers = 0
         self.departed: deque[tuple[Hashable, float]] = deque()
         self.sending = False  # a thread sends replies (one at a time, in the order they were made)
+        self._ready: tuple[int, int] | None = None  # a pipe readable while items wait (ready_fd)
+        self._ready_set = False
         threading.Thread(target=self._receive, name=f"fiber-queue-{qid[:8]}-in", daemon=True).start()
         threading.Thread(target=self._dispatch, name=f"fiber-queue-{qid[:8]}-out", daemon=True).start()
 
@@ -125,6 +127,8 @@ class _Broker:
         self.items.append(parts)
         self.held += _size(parts)
         self.unfinished += 1
+        if self._ready is not None:
+            self._sync_ready()
 
     def _released(self, parts: list[Any]) -> None:
         """An item left this process for good: below half the budget, paused writers resume."""
@@ -153,7 +157,32 @@ class _Broker:
                 self.outbox.append((peer, [(RECALL, [])]))
 
     def _changed(self) -> None:
+        self._sync_ready()
         self.cv.notify_all()
+
+    def ready_fd(self) -> int:
+        """A descriptor that is readable while items wait here (``multiprocessing.connection.wait``
+        on ``Queue._reader``, as ``concurrent.futures`` does on its result queue)."""
+        with self.cv:
+            if self._ready is None:
+                r, w = os.pipe()
+                os.set_blocking(r, False)
+                self._ready, self._ready_set = (r, w), False
+                self._sync_ready()
+            return self._ready[0]
+
+    def _sync_ready(self) -> None:
+        """Keep the ready descriptor's level equal to "items are here" (cv held)."""
+        if self._ready is None or bool(self.items) == self._ready_set:
+            return
+        if self.items:
+            os.write(self._ready[1], b"x")
+        else:
+            try:
+                os.read(self._ready[0], 1)
+            except BlockingIOError:
+                pass
+        self._ready_set = bool(self.items)
 
     # -- local operations (the creating process) --------------------------------------------
     def put_local(self, parts: list[Any], block: bool, timeout: float | None) -> None:
@@ -457,6 +486,11 @@ class _Client:
             parts = self.buffer.popleft()
             self.consumed += 1
             self.gets += 1
+            if not self.buffer and not self.outstanding:
+                # The last item lent to this process is taken: say so now (not with the next
+                # request), so that the queue's creator sees it empty, as multiprocessing's
+                # would be once another process took everything.
+                self.sender.put((RETURN, [_b(self.consumed), _b(0)]))
             if block and not self.outstanding and self.buffer and len(self.buffer) <= self.last_grant // 2:
                 # Ask for the next batch when half of this one is left: the round trip to
                 # the broker (slow when its process is busy: a GIL switch per reply)
@@ -528,6 +562,15 @@ class Queue:
 
     def _dumps(self, obj: Any) -> list[Any]:
         return dumps_or_explain(get_runtime().serializer, obj, "an object through a Queue")
+
+    @property
+    def _reader(self) -> _ReadyReader:
+        """multiprocessing's ``Queue._reader`` as ``concurrent.futures`` uses it: waitable with
+        ``multiprocessing.connection.wait`` and ``recv()`` an item (in the creating process)."""
+        broker = self._local()
+        if broker is None:
+            raise AttributeError("Queue._reader exists in the process that created the queue only")
+        return _ReadyReader(self, broker.ready_fd())
 
     def _check_closed(self) -> None:
         if self._closed:
@@ -624,6 +667,27 @@ class Queue:
 
     def __repr__(self) -> str:
         return f"<fibercore.{type(self).__name__} {self._address} maxsize={self._maxsize}>"
+
+
+class _ReadyReader:
+    """A queue's read side as a connection-like object (``fileno``, ``poll``, ``recv``)."""
+
+    def __init__(self, queue: Queue, fd: int) -> None:
+        self._queue, self._fd = queue, fd
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def poll(self, timeout: float | None = 0.0) -> bool:
+        import select
+
+        return bool(select.select([self._fd], [], [], timeout)[0])
+
+    def recv(self) -> Any:
+        return self._queue.get()
+
+    def close(self) -> None:
+        pass
 
 
 class JoinableQueue(Queue):

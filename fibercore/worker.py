@@ -137,6 +137,8 @@ def main() -> int:
 
     from fibercore import process as _process
 
+    if "name" in prep:  # objects unpickled with the Process (a barrier's party) know whose they are
+        _process.current_process().name = prep["name"]
     process_obj = rt.serializer.loads(prep_parts[1:])
     parent = _process._ParentProcess(prep["parent_name"], prep["parent_pid"], prep["parent_host"],
                                      connected.is_set)

@@ -441,7 +441,7 @@ class TcpListener:
                 self._shed_pending()
             sock.setblocking(self._tls is None)  # plain: the reactor reads with MSG_DONTWAIT
             if sock.family != socket.AF_UNIX:
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                _tcp_options(sock)
             else:
                 _large_send_buffer(sock)
             private = sock.family == socket.AF_UNIX and self._tls is None
@@ -855,6 +855,25 @@ class TcpDialer:
         return f"<TcpDialer {self.address}>"
 
 
+#: TCP keepalive: a peer whose machine is lost (no FIN ever comes) is noticed after
+#: KEEPIDLE + KEEPCNT * KEEPINTVL seconds of silence, so its locks are released and its
+#: pool tasks rerun (a process that dies is noticed at once: its kernel closes the socket).
+KEEPIDLE, KEEPINTVL, KEEPCNT = 10, 5, 3
+
+
+def _tcp_options(sock: socket.socket) -> None:
+    """No Nagle delay (frames are already batched), and keepalive probes."""
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in (("TCP_KEEPIDLE", KEEPIDLE), ("TCP_KEEPINTVL", KEEPINTVL), ("TCP_KEEPCNT", KEEPCNT)):
+        option = getattr(socket, name, None)
+        if option is not None:
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, option, value)
+            except OSError:
+                pass
+
+
 def _large_send_buffer(sock: socket.socket) -> None:
     """Let a Unix socket hold a whole batch (:data:`UNIX_SEND_BUFFER`): a write that must wait
     for the reader costs its thread a GIL switch (up to 5 ms in a busy process) per part."""
@@ -892,7 +911,7 @@ def _dial(address: str, auth: Authenticator, tls: ssl.SSLContext | None, server_
         sock = socket.create_connection((host, port), timeout=timeout)
     except OSError as exc:
         raise TransportError(f"cannot connect to {address}: {exc}") from exc
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    _tcp_options(sock)
     try:
         if scheme == "tls+tcp":
             if tls is None:

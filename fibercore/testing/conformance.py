@@ -33,6 +33,7 @@ from fibercore.testing.targets import (
     sleep_for,
     slow_triple,
     spawn_grandchild,
+    sync_party,
     triple,
     triple_after,
 )
@@ -281,6 +282,24 @@ class BackendConformance:
         ring.run(timeout=self.timeout * 2)
         got = sorted(out.get(timeout=self.timeout) for _ in range(2))
         assert [(r, s) for r, s, _ in got] == [(0, 2), (1, 2)] and got[0][2] == got[1][2]
+
+    # -- synchronization ----------------------------------------------------------------------------
+    def test_lock_event_and_barrier_across_jobs(self) -> None:
+        """A Lock, an Event, a Barrier and a Value made here, used by two jobs of this backend:
+        the jobs wait for the event, count under the lock (exactly), then meet this process
+        at the barrier."""
+        lock, go, barrier = fc.Lock(), fc.Event(), fc.Barrier(3, timeout=self.timeout * 2)
+        counter = fc.Value("i", 0, lock=False)
+        jobs = [fc.Process(target=sync_party, args=(lock, go, barrier, counter, 200)) for _ in range(2)]
+        for p in jobs:
+            p.start()
+        assert counter.value == 0 and not go.is_set()
+        go.set()
+        assert barrier.wait() in (0, 1, 2)
+        assert counter.value == 400 and not barrier.broken
+        for p in jobs:
+            p.join(self.timeout)
+        assert [p.exitcode for p in jobs] == [0, 0]
 
     # -- failures and cleanup -----------------------------------------------------------------------
     def test_start_failure_reports_status_and_logs(self) -> None:

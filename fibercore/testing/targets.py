@@ -101,3 +101,13 @@ def slow_triple(x: int) -> int:
 def triple_after(x: int, delay: float) -> int:
     time.sleep(delay)
     return 3 * x
+
+
+def sync_party(lock: Any, go: Any, barrier: Any, counter: Any, n: int) -> None:
+    """Wait for ``go``, add ``n`` to ``counter`` one by one under ``lock``, meet at ``barrier``."""
+    if not go.wait(120):
+        raise RuntimeError("the go event was never set")
+    for _ in range(n):
+        with lock:
+            counter.value += 1
+    barrier.wait()

@@ -18,17 +18,6 @@ import fibercore
 import fibercore.connection
 
 
-def _not_yet(name: str):
-    """Synchronisation primitives and shared ctypes do not exist in fibercore yet (its
-    issue "Synchronization and shared state across jobs"): tests that need one skip."""
-    def factory(*args, **kwargs):
-        raise unittest.SkipTest(f"fibercore has no {name} yet (synchronization primitives are a later issue)")
-    return staticmethod(factory)
-
-
-_SYNC = ("Lock", "RLock", "Semaphore", "BoundedSemaphore", "Condition", "Event", "Barrier")
-
-
 class FiberProcessesMixin(T.BaseMixin):
     TYPE = "processes"
     Process = fibercore.Process
@@ -41,7 +30,17 @@ class FiberProcessesMixin(T.BaseMixin):
     Pipe = staticmethod(fibercore.Pipe)
     Queue = staticmethod(fibercore.Queue)
     JoinableQueue = staticmethod(fibercore.JoinableQueue)
-    locals().update({name: _not_yet(name) for name in (*_SYNC, "Value", "Array", "RawValue", "RawArray")})
+    Lock = staticmethod(fibercore.Lock)
+    RLock = staticmethod(fibercore.RLock)
+    Semaphore = staticmethod(fibercore.Semaphore)
+    BoundedSemaphore = staticmethod(fibercore.BoundedSemaphore)
+    Condition = staticmethod(fibercore.Condition)
+    Event = staticmethod(fibercore.Event)
+    Barrier = staticmethod(fibercore.Barrier)
+    Value = staticmethod(fibercore.Value)
+    Array = staticmethod(fibercore.Array)
+    RawValue = staticmethod(fibercore.RawValue)
+    RawArray = staticmethod(fibercore.RawArray)
 
 
 class FiberManagerMixin(T.BaseMixin):
@@ -54,7 +53,13 @@ class FiberManagerMixin(T.BaseMixin):
     list = property(operator.attrgetter("manager.list"))
     dict = property(operator.attrgetter("manager.dict"))
     Namespace = property(operator.attrgetter("manager.Namespace"))
-    locals().update({name: _not_yet(name) for name in _SYNC})
+    Lock = property(operator.attrgetter("manager.Lock"))
+    RLock = property(operator.attrgetter("manager.RLock"))
+    Semaphore = property(operator.attrgetter("manager.Semaphore"))
+    BoundedSemaphore = property(operator.attrgetter("manager.BoundedSemaphore"))
+    Condition = property(operator.attrgetter("manager.Condition"))
+    Event = property(operator.attrgetter("manager.Event"))
+    Barrier = property(operator.attrgetter("manager.Barrier"))
 
     @classmethod
     def Pool(cls, *args, **kwds):  # noqa: N802
@@ -73,19 +78,57 @@ class FiberManagerMixin(T.BaseMixin):
 
 
 PROCESS_CLASSES = ["_TestProcess", "_TestSubclassingProcess", "_TestQueue", "_TestPool",
-                   "_TestPoolWorkerErrors", "_TestPoolWorkerLifetime", "_TestConnection", "_TestPoll"]
+                   "_TestPoolWorkerErrors", "_TestPoolWorkerLifetime", "_TestConnection", "_TestPoll",
+                   "_TestLock", "_TestSemaphore", "_TestCondition", "_TestEvent", "_TestBarrier",
+                   "_TestValue", "_TestArray"]
 MANAGER_CLASSES = ["_TestQueue", "_TestContainers", "_TestMyManager", "_TestRemoteManager",
-                   "_TestManagerRestart"]
+                   "_TestManagerRestart", "_TestLock", "_TestSemaphore", "_TestCondition", "_TestEvent",
+                   "_TestBarrier"]
 
 
-#: Tests that cannot apply to fibercore, with the reason (also in docs/multiprocessing-compat.md).
+#: Tests that cannot apply to fibercore, with the reason (also in docs/multiprocessing-compat.md);
+#: a "processes:" or "manager:" prefix limits one to that flavour.
 NOT_APPLICABLE: dict[str, str] = {
     "_TestConnection.test_fd_transfer": "passes an OS file descriptor to the other process "
         "(SCM_RIGHTS): a job on another machine has no access to this machine's descriptors",
     "_TestConnection.test_large_fd_transfer": "passes an OS file descriptor (see test_fd_transfer)",
     "_TestConnection.test_missing_fd_transfer": "passes an OS file descriptor (see test_fd_transfer)",
+    "_TestBarrier.test_thousand": "five jobs write into one end of one Pipe and expect the reader "
+        "to get their messages in the order a Lock put them in: an OS pipe is one buffer they all "
+        "write into; a fibercore Pipe end sent to several jobs gives each its own connection, and "
+        "messages on different connections are not ordered (the Barrier itself keeps the rounds: "
+        "tests/test_sync.py checks the same 5-job rounds through shared state)",
+    "processes:_TestQueue.test_put": "asserts empty() in the creating process right after a child got "
+        "the last items and set an Event: a fibercore queue lends items to a reader until it "
+        "acknowledges them (so a reader that dies gives them back); the acknowledgment is sent "
+        "when the reader's lent items run out, on the queue's connection, and can arrive a moment "
+        "after the Event's set on another connection (tests/test_queues.py checks empty() once "
+        "readers are idle)",
     "_TestPoll.test_boundaries": "reads one end of a Pipe from two processes (an OS pipe is one "
         "buffer they share); a fibercore Pipe connects two processes: use a Queue for several readers",
+}
+
+
+class _FiberDummyList:
+    """The counter ``_TestBarrier`` counts parties with (``append`` and ``len``). CPython's
+    ``_DummyList`` keeps it in multiprocessing's own shared memory and lock, which cannot
+    reach a job; this one is the same counter on fibercore's shared ``Value``."""
+
+    def __init__(self) -> None:
+        self._count = fibercore.Value("i", 0)
+
+    def append(self, _: object) -> None:
+        with self._count.get_lock():
+            self._count.value += 1
+
+    def __len__(self) -> int:
+        return self._count.value
+
+
+#: Helpers of the CPython tests that use multiprocessing's own internals, replaced for the
+#: processes flavour by the same helper on fibercore (the tests themselves are unchanged).
+HELPERS: dict[str, dict[str, object]] = {
+    "_TestBarrier": {"DummyList": lambda self: _FiberDummyList()},
 }
 
 
@@ -122,8 +165,12 @@ def build(namespace: dict) -> None:
             newname = "With" + type_.capitalize() + name[1:]
             skips = {test: unittest.skip(f"not applicable to fibercore: {why}")(getattr(base, test))
                      for key, why in NOT_APPLICABLE.items()
-                     for cls_name, test in [key.split(".")] if cls_name == name and hasattr(base, test)}
-            cls = type(newname, (base, mixin, unittest.TestCase), {"__module__": namespace["__name__"], **skips})
+                     for flavour, _, what in [key.rpartition(":")]
+                     for cls_name, test in [what.split(".")]
+                     if cls_name == name and hasattr(base, test) and flavour in ("", type_)}
+            helpers = HELPERS.get(name, {}) if type_ == "processes" else {}
+            cls = type(newname, (base, mixin, unittest.TestCase),
+                       {"__module__": namespace["__name__"], **skips, **helpers})
             cls.__qualname__ = newname
             namespace[newname] = cls
 

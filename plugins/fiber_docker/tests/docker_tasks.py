@@ -73,3 +73,18 @@ def eat_memory(mib: int) -> None:
         blocks.append(bytearray(1024 * 1024))
         blocks[-1][::4096] = b"x" * len(blocks[-1][::4096])
     time.sleep(1)
+
+
+def count_both(lock: Any, counter: Any, synced: Any, n: int) -> None:
+    """``n`` increments under ``lock``, then ``n`` through ``synced``'s own lock."""
+    for _ in range(n):
+        with lock:
+            counter.value += 1
+    for _ in range(n):
+        with synced.get_lock():
+            synced.value += 1
+
+
+def shm_visible(value: Any, out: Any) -> None:
+    """Whether this container maps the master's shared memory (it should not: its own /dev/shm)."""
+    out.put(value._local is not None)

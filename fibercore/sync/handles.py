@@ -1,0 +1,160 @@
+"""Handles: what ``Lock()``, ``Event()``... return, in the creating process and in any job.
+
+A handle names its object by the address of its creator's service and an id. It
+pickles to that name (passed to a job as an argument, in a Pool's initargs, through a
+queue), and in another process it talks to the service over one connection per
+process (:func:`client`); in the creating process it calls the service directly.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import warnings
+import weakref
+from typing import Any, ClassVar
+
+from fibercore import rpc
+from fibercore.errors import AbandonedLockWarning
+from fibercore.lifetime import PerProcess, at_process_end, current_pid
+from fibercore.runtime import adopt_credentials, credentials_for_child
+from fibercore.sync.service import BYE, CALL, CANCEL, HELLO, SyncService, describe_here
+from fibercore.sync.states import State
+
+_service: list[SyncService] = []  # this process's service, made on first use
+_service_lock = threading.Lock()
+_greeted: PerProcess[str, rpc.Client] = PerProcess()  # clients that sent HELLO, by address
+
+
+def service() -> SyncService:
+    """This process's synchronization service (started on first use)."""
+    if _service and _service[0].pid == current_pid():
+        return _service[0]
+    with _service_lock:
+        if not _service or _service[0].pid != current_pid():
+            _service[:] = [SyncService()]
+        return _service[0]
+
+
+def _local(address: str) -> SyncService | None:
+    """The service at ``address`` when it is this process's own."""
+    if _service:
+        svc = _service[0]
+        if svc.address == address and svc.pid == current_pid():
+            return svc
+    return None
+
+
+def client(address: str) -> rpc.Client:
+    """This process's connection to the service at ``address`` (it introduces itself once)."""
+    found = _greeted.peek(address)
+    if found is not None and not found.closed:
+        return found
+
+    def make() -> rpc.Client:
+        made = rpc.client(address, None, f"the synchronization service at {address}")
+        made.request(HELLO, 0, describe_here(), reply=False)
+        at_process_end(_say_bye)
+        return made
+
+    found = _greeted.get(address, make)
+    if found.closed:  # the service went away before: fail clearly through a fresh attempt
+        _greeted.discard(found)
+        found = _greeted.get(address, make)
+    return found
+
+
+def _say_bye() -> None:
+    """At the end of this process: tell every service it leaves on purpose (not dying)."""
+    for made in _greeted.here():
+        if not made.closed:
+            try:
+                made.request(BYE, 0, None, reply=False)
+            except Exception:
+                pass
+
+
+class Handle:
+    """Base of the shared objects' handles: where the object lives, and calling it."""
+
+    _state_kind: ClassVar[str] = "object"
+    _address: str
+    _oid: int
+    _creator: int
+
+    def _create(self, state: State) -> None:
+        svc = service()
+        self._address, self._oid, self._creator = svc.address, svc.add(state), os.getpid()
+        weakref.finalize(self, svc.release, self._oid).atexit = False
+
+    def _call(self, method: str, *args: Any, timeout: float | None = None, wait: bool = False) -> Any:
+        """Run ``method`` on the object; ``wait``: it may block, up to ``timeout`` (None: forever)."""
+        svc = _local(self._address)
+        if svc is not None:
+            return svc.call_local(self._oid, method, args, timeout)
+        conn = client(self._address)
+        future = conn.request(CALL, self._oid, (method, args))
+        if wait and timeout is not None and not future.wait(max(0.0, timeout)):
+            conn.request(CANCEL, self._oid, future.req, reply=False)
+        return future.get()
+
+    def _send(self, method: str, *args: Any) -> None:
+        """Run ``method`` without waiting for its answer (another process: one frame out;
+        later requests of this process are served after it, in order)."""
+        svc = _local(self._address)
+        if svc is not None:
+            svc.call_local(self._oid, method, args, None)
+        else:
+            client(self._address).request(CALL, self._oid, (method, args), reply=False)
+
+    def _remote(self) -> bool:
+        return _local(self._address) is None
+
+    # -- identity and pickling -------------------------------------------------------------------
+    def _extra(self) -> tuple[Any, ...]:
+        """Handle fields beyond the name (a Barrier's parties and action...)."""
+        return ()
+
+    def _restore(self, extra: tuple[Any, ...]) -> None:
+        pass
+
+    def __reduce__(self) -> Any:
+        svc = _local(self._address)
+        if svc is not None:
+            svc.pin(self._oid)  # another process may use it: keep it for the service's life
+        return (_rebuild, (type(self), self._address, self._oid, self._creator, self._extra(),
+                           credentials_for_child()))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Handle) and (self._address, self._oid) == (other._address, other._oid)
+
+    def __hash__(self) -> int:
+        return hash((self._address, self._oid))
+
+
+def _rebuild(cls: type[Handle], address: str, oid: int, creator: int, extra: tuple[Any, ...],
+             credentials: tuple[str, bytes] | None = None) -> Handle:
+    adopt_credentials(credentials)
+    handle = cls.__new__(cls)
+    handle._address, handle._oid, handle._creator = address, oid, creator
+    handle._restore(extra)
+    return handle
+
+
+def granted(answer: Any) -> bool:
+    """An acquire's answer: True/False, or the story of an abandoned lock (warned, then True)."""
+    if isinstance(answer, str):
+        warnings.warn(answer, AbandonedLockWarning, stacklevel=3)
+        return True
+    return bool(answer)
+
+
+def owner_name(owner: Any, creator: int) -> str:
+    """A lock owner (peer, thread) as multiprocessing's repr names it (approximately)."""
+    if owner is None:
+        return "None"
+    peer, thread = owner
+    if peer == "local" and os.getpid() == creator:
+        name = threading._active.get(thread)  # type: ignore[attr-defined]
+        return "MainProcess" if name is None or name is threading.main_thread() else f"MainProcess|{name.name}"
+    return "SomeOtherProcess"

@@ -1,0 +1,237 @@
+"""The synchronization service: one per process that creates shared primitives or values.
+
+::
+
+    any process                         the creating process
+    lock.acquire() ─ CALL(acquire) ─▶  SyncService thread ─ state machine ─▶ REPLY (now,
+                    (rpc.Client)        (fibercore.sync.states)                 or when granted)
+                 ◀───────────── REPLY ─┘
+    a timeout:   ─ CANCEL(request) ─▶  answers the parked request (unless it was granted)
+
+* One listener and one thread per service; every object of the process lives in it,
+  as a state machine (:mod:`fibercore.sync.states`). A blocking call costs no thread:
+  its request is *parked* and answered when it is granted, so a thousand waiters are
+  a thousand small records.
+* Calls from the creating process itself go to the states directly (no socket).
+* Requests and replies use :mod:`fibercore.rpc`'s format: the caller's thread id is in
+  every request, so an RLock knows its owner across processes.
+* A process whose connection closes is lost: its locks are released and marked
+  abandoned, its waiters dropped, its barriers broken unless it said goodbye (BYE, sent
+  by every process at exit). That is the failure model: the connection ends as soon as
+  the process dies (its kernel closes it); a lost machine is noticed by TCP keepalive.
+* An object lives while its creating process holds a handle to it, or for the life of
+  the service once a handle has been sent to another process.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import socket
+import threading
+from collections.abc import Callable, Hashable
+from typing import Any
+
+from fibercore.errors import TransportClosed, TransportError
+from fibercore.rpc import HEAD, REPLY, REQUEST
+from fibercore.runtime import get_runtime
+from fibercore.sync.states import ERROR, PARKED, RETURN, State, Waiter
+from fibercore.util import with_traceback
+from fibercore.wire import malformed
+
+log = logging.getLogger("fibercore.sync")
+
+CALL, CANCEL, HELLO, BYE = 2, 7, 8, 9
+#: The peer of calls made in the service's own process.
+LOCAL = "local"
+
+
+class Ref:
+    """An argument naming another object of the same service (a Value's lock)."""
+
+    __slots__ = ("oid",)
+
+    def __init__(self, oid: int) -> None:
+        self.oid = oid
+
+    def __reduce__(self) -> Any:
+        return (Ref, (self.oid,))
+
+
+class SyncService:
+    """Holds this process's shared objects and answers every request for them."""
+
+    def __init__(self) -> None:
+        rt = get_runtime()
+        self.serializer = rt.serializer
+        self.channel = rt.listen("router")
+        self.address = self.channel.address
+        self.pid = os.getpid()
+        self.lock = threading.Lock()
+        self.objects: dict[int, State] = {}
+        self.pinned: set[int] = set()  # sent to another process: kept for the service's life
+        self.ids = itertools.count(1)
+        self.parked: dict[tuple[Hashable, int], Waiter] = {}  # (peer, request) -> waiter
+        self.names: dict[Hashable, str] = {}  # peer -> "Process-3 (pid 41 on node-7)"
+        self.leaving: set[Hashable] = set()  # peers that said BYE
+        self._outbox: list[tuple[Hashable, int, int, Any]] = []
+        self._local_ids = itertools.count(1)
+        self.channel.on_peer_event(self._peer_event)
+        threading.Thread(target=self._serve, name="fiber-sync", daemon=True).start()
+
+    # -- objects ------------------------------------------------------------------------------
+    def add(self, state: State) -> int:
+        with self.lock:
+            oid = next(self.ids)
+            self.objects[oid] = state
+        return oid
+
+    def get(self, oid: int) -> State:
+        state = self.objects.get(oid)
+        if state is None:
+            raise ReferenceError(
+                f"shared object {oid} no longer exists in the process that created it (pid "
+                f"{self.pid}): it was released there; keep the object referenced in its creating "
+                "process while other processes use it")
+        return state
+
+    def pin(self, oid: int) -> None:
+        self.pinned.add(oid)
+
+    def release(self, oid: int) -> None:
+        """The creating process dropped its last handle: forget the object unless it was sent away."""
+        with self.lock:
+            if oid not in self.pinned:
+                self.objects.pop(oid, None)
+
+    # -- calls ----------------------------------------------------------------------------------
+    def _invoke(self, w: Waiter, oid: int, method: str, args: tuple[Any, ...]) -> Any:
+        """Run ``method`` of object ``oid`` for waiter ``w`` (lock held): its answer or PARKED."""
+        state = self.get(oid)
+        fn: Callable[..., Any] | None = getattr(state, "op_" + method, None)
+        if fn is None:
+            raise AttributeError(f"a shared {state.kind} has no operation {method!r}")
+        args = tuple(self.get(a.oid) if isinstance(a, Ref) else a for a in args)
+        return fn(w, *args)
+
+    def call_local(self, oid: int, method: str, args: tuple[Any, ...], timeout: float | None) -> Any:
+        """A call from this process: straight to the state; waits here when it parks."""
+        w = Waiter((LOCAL, threading.get_ident()), _unset)
+        try:
+            with self.lock:
+                answer = self._invoke(w, oid, method, args)
+                if answer is PARKED:  # answered later, by another thread: wait for it here
+                    done = threading.Event()
+                    box: list[tuple[int, Any]] = []
+                    w.answer = lambda kind, value: (box.append((kind, value)), done.set())  # type: ignore[func-returns-value]
+        finally:
+            if self._outbox:
+                self._flush()
+        if answer is not PARKED:
+            return answer
+        if not done.wait(timeout):
+            with self.lock:
+                if not w.done and w.state is not None:
+                    w.state.cancel(w)
+            if self._outbox:
+                self._flush()
+            done.wait()  # the final answer (a Condition waiter first takes its lock back)
+        kind, value = box[0]
+        if kind == ERROR:
+            raise value
+        return value
+
+    # -- the service thread -------------------------------------------------------------------------
+    def _serve(self) -> None:
+        while True:
+            try:
+                messages, peer = self.channel.recv()
+            except TransportClosed:
+                return
+            except TransportError:
+                continue
+            with self.lock:
+                for op, parts in messages:
+                    try:
+                        self._handle(op, parts, peer)
+                    except Exception as exc:  # authentic but malformed
+                        malformed(self.address, peer, op, exc)
+            self._flush()
+
+    def _handle(self, op: int, parts: list[Any], peer: Hashable) -> None:
+        """One request (lock held)."""
+        req, oid, thread = REQUEST.unpack(parts[0])
+        if op == CALL:
+            method, args = self.serializer.loads(parts[1:])
+            key = (peer, req)
+            w = Waiter((peer, thread), lambda kind, value: self._reply(key, kind, value))
+            try:
+                answer = self._invoke(w, oid, method, args)
+            except Exception as exc:
+                w.finish(ERROR, with_traceback(exc))
+            else:
+                if answer is PARKED:
+                    self.parked[key] = w
+                else:
+                    w.finish(RETURN, answer)
+        elif op == CANCEL:
+            target = self.serializer.loads(parts[1:])
+            w = self.parked.get((peer, target))
+            if w is not None and w.state is not None:
+                w.state.cancel(w)
+        elif op == HELLO:
+            info = self.serializer.loads(parts[1:])
+            self.names[peer] = f"{info.get('name', '?')} (pid {info.get('pid', '?')} on {info.get('host', '?')})"
+        elif op == BYE:
+            self.leaving.add(peer)
+
+    def _reply(self, key: tuple[Hashable, int], kind: int, value: Any) -> None:
+        """Queue the answer to remote request ``key`` (lock held; sent by :meth:`_flush`)."""
+        self.parked.pop(key, None)
+        self._outbox.append((key[0], key[1], kind, value))
+
+    def _flush(self) -> None:
+        """Send the queued answers (not under the lock: a send may wait for the socket)."""
+        with self.lock:
+            outbox, self._outbox = self._outbox, []
+        for peer, req, kind, value in outbox:
+            try:
+                parts = self.serializer.dumps(value)
+            except Exception as exc:
+                kind, parts = ERROR, self.serializer.dumps(ValueError(f"cannot pickle the answer: {exc}"))
+            try:
+                self.channel.send([(REPLY, [HEAD.pack(req, kind), *parts])], peer)
+            except TransportError:
+                pass  # the caller's process is gone: its loss is handled by _peer_event
+
+    def _peer_event(self, peer: Hashable, added: bool) -> None:
+        if added:
+            return
+        with self.lock:
+            who = self.names.pop(peer, f"a process connected as {peer!r}")
+            abrupt = peer not in self.leaving
+            self.leaving.discard(peer)
+            for key in [k for k in self.parked if k[0] == peer]:
+                self.parked[key].done = True  # nobody to answer
+                del self.parked[key]
+            for state in list(self.objects.values()):
+                try:
+                    state.peer_lost(peer, who, abrupt)
+                except Exception:
+                    log.exception("sync service: handling the loss of %s", who)
+        self._flush()
+
+
+def describe_here() -> dict[str, Any]:
+    """What a client tells a service about its process (HELLO), to name it if it dies."""
+    from fibercore.process import current_process
+
+    return {"name": current_process().name, "pid": os.getpid(), "host": socket.gethostname()}
+
+
+def _unset(kind: int, value: Any) -> None:  # pragma: no cover - replaced before any answer
+    raise AssertionError("a local waiter was answered before it parked")
+
+
+__all__ = ["SyncService", "Ref", "LOCAL"]
