@@ -150,11 +150,17 @@ def granted(answer: Any) -> bool:
 
 
 def owner_name(owner: Any, creator: int) -> str:
-    """A lock owner (peer, thread) as multiprocessing's repr names it (approximately)."""
+    """A lock owner (peer, thread) named as multiprocessing's repr names it: the process's
+    name, and ``|thread`` when it is not the main thread; another process's is not known here."""
     if owner is None:
         return "None"
     peer, thread = owner
-    if peer == "local" and os.getpid() == creator:
-        name = threading._active.get(thread)  # type: ignore[attr-defined]
-        return "MainProcess" if name is None or name is threading.main_thread() else f"MainProcess|{name.name}"
-    return "SomeOtherProcess"
+    if peer != "local" or os.getpid() != creator:
+        return "SomeOtherProcess"
+    from fibercore.process import current_process
+
+    found = threading._active.get(thread)  # type: ignore[attr-defined]
+    name = current_process().name
+    if found is None or found is threading.main_thread():
+        return name
+    return f"{name}|{found.name}"

@@ -18,13 +18,14 @@ lock and access are one request), so ``with v.get_lock(): v.value += 1`` is atom
 from __future__ import annotations
 
 import ctypes
+import threading
 import weakref
 from collections.abc import Iterator
 from multiprocessing import resource_tracker, shared_memory
 from typing import Any
 
 from fibercore.sync.handles import Handle
-from fibercore.sync.primitives import Lock, RLock, WithLock
+from fibercore.sync.primitives import Lock, RLock, WithLock, _depth, _held
 from fibercore.sync.service import Ref
 from fibercore.sync.states import DataState, ctype_of
 
@@ -222,18 +223,32 @@ class _Synchronized(WithLock):
         raw._keep = self  # type: ignore[attr-defined]  # the object lives while the view does
         return raw
 
+    def _mapped_here(self) -> bool:
+        """Whether to touch the memory here: it is mapped, and taking the lock costs no
+        request (this process's own service, or this thread holds the lock already).
+        Otherwise one request does lock and access together (cheaper than lock, access,
+        release)."""
+        if self._local is None:
+            return False
+        if not self._remote():
+            return True
+        key = (self._lock._address, self._lock._oid)
+        if isinstance(self._lock, RLock):
+            return _depth.get((*key, threading.get_ident()), 0) > 0
+        return _held.get(key, 0) > 0
+
     def _get(self, attr: str) -> Any:
-        if self._local is not None:
+        if self._mapped_here():
             with self._lock:
                 return getattr(self._local, attr)
-        return super()._get(attr)  # type: ignore[misc]
+        return self._call("get", attr, *self._lock_ref())
 
     def _set(self, attr: str, value: Any) -> None:
-        if self._local is not None:
+        if self._mapped_here():
             with self._lock:
                 setattr(self._local, attr, value)
         else:
-            super()._set(attr, value)  # type: ignore[misc]
+            self._call("set", attr, value, *self._lock_ref())
 
 
 def _lock_for(lock: Any, where: Handle) -> Lock | RLock:
@@ -286,17 +301,19 @@ class SynchronizedArray(_Synchronized, RawArray):
         RawArray._restore(self, tuple(raw))
 
     def __getitem__(self, key: Any) -> Any:
-        if self._local is not None:
+        if self._mapped_here():
             with self._lock:
                 return self._local[key]
-        return RawArray.__getitem__(self, key)
+        return self._call("getitem", key, *self._lock_ref())
 
     def __setitem__(self, key: Any, value: Any) -> None:
-        if self._local is not None:
+        if self._mapped_here():
             with self._lock:
                 self._local[key] = value
-        else:
-            RawArray.__setitem__(self, key, value)
+            return
+        if isinstance(key, slice) and not isinstance(value, (bytes, bytearray)):
+            value = list(value)
+        self._call("setitem", key, value, *self._lock_ref())
 
     def __repr__(self) -> str:
         return f"<SynchronizedArray wrapper for {RawArray.__repr__(self)}>"
