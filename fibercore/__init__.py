@@ -66,11 +66,23 @@ _LAZY: dict[str, tuple[str, str]] = {
 }
 
 
-def _register_start_method() -> None:
-    """``multiprocessing.get_context("fiber")`` is fibercore's context (see FiberContext)."""
-    from fibercore.context import register_with_multiprocessing
+class _StartMethod:
+    """What ``multiprocessing.get_context("fiber")`` returns: fibercore's context, loaded on
+    first use (registering it must not import the API layer into every job's start-up), so
+    that a library taking a start-method name runs its processes as jobs (gymnasium's
+    ``AsyncVectorEnv(..., context="fiber")``)."""
 
-    register_with_multiprocessing()
+    def _check_available(self) -> None:
+        """multiprocessing asks this of a context it returns from ``get_context(name)``."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(importlib.import_module("fibercore.context")._default_context, name)
+
+
+def _register_start_method() -> None:
+    import multiprocessing.context as mp_context
+
+    mp_context._concrete_contexts.setdefault("fiber", _StartMethod())  # type: ignore[attr-defined]
 
 
 _register_start_method()

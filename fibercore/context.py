@@ -142,9 +142,6 @@ class FiberContext:
         return Pool(processes, initializer, initargs, maxtasksperchild, context=self, **kwargs)
 
     # -- start methods (compatibility) ---------------------------------------------------------
-    def _check_available(self) -> None:
-        """multiprocessing asks this of a context it returns from ``get_context(name)``."""
-
     def get_context(self, method: str | None = None) -> FiberContext:
         if method is None or method in START_METHODS:
             return self
@@ -197,13 +194,4 @@ class FiberContext:
 
 
 _default_context = FiberContext()
-
-
-def register_with_multiprocessing() -> None:
-    """Make ``multiprocessing.get_context("fiber")`` return fibercore's context, so that a
-    library that takes a start-method name runs its processes as jobs (gymnasium's
-    ``AsyncVectorEnv(..., context="fiber")``). Done when ``fibercore`` is imported."""
-    import multiprocessing.context as mp_context
-
-    mp_context._concrete_contexts.setdefault("fiber", _default_context)  # type: ignore[attr-defined]
 

@@ -100,16 +100,20 @@ def _main_function_setstate(func: types.FunctionType, state: Any) -> None:
         setattr(func, key, value)
 
 
+_cloudpickle_override = cloudpickle.Pickler.reducer_override
+
+
 class _Pickler(cloudpickle.Pickler):
     """cloudpickle, with ``__main__`` functions bound to the receiver's shared namespace, and
     multiprocessing's own queues carried over onto fibercore's (:mod:`fibercore.compat`)."""
 
-    def reducer_override(self, obj: Any) -> Any:
-        if isinstance(obj, _MP_QUEUE):
+    def reducer_override(self, obj: Any) -> Any:  # called for every non-atomic object: kept short
+        mp_queues = sys.modules.get("multiprocessing.queues")  # none exists unless it was imported
+        if mp_queues is not None and isinstance(obj, mp_queues.Queue):
             from fibercore.compat import reduce_mp_queue
 
             return reduce_mp_queue(obj)
-        return super().reducer_override(obj)
+        return _cloudpickle_override(self, obj)
 
     def _dynamic_function_reduce(self, func: types.FunctionType) -> Any:
         reduced = super()._dynamic_function_reduce(func)
@@ -162,9 +166,6 @@ def _fingerprint(func: types.FunctionType, seen: set[int]) -> tuple[Any, ...] | 
 #: The last pickle of each ``__main__`` function, with the fingerprint it was made at.
 _pickled_functions: weakref.WeakKeyDictionary[types.FunctionType, tuple[Any, list[Any]]] = \
     weakref.WeakKeyDictionary()
-
-
-from multiprocessing.queues import Queue as _MP_QUEUE  # noqa: E402 - next to its only use
 
 
 class CloudpickleSerializer:

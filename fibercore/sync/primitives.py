@@ -11,7 +11,6 @@ a lock whose holder's process dies is released, and its next acquirer gets an
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -223,21 +222,8 @@ class Condition(WithLock, Handle):
         """Release the lock, wait for a notify (or ``timeout``), take the lock back."""
         return bool(self._call("wait", timeout=timeout, wait=True))
 
-    def wait_for(self, predicate: Callable[[], Any], timeout: float | None = None) -> Any:
-        """Wait until ``predicate()`` is true (checked here, with the lock held)."""
-        result = predicate()
-        if result:
-            return result
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while not result:
-            remaining = None
-            if deadline is not None:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-            self.wait(remaining)
-            result = predicate()
-        return result
+    #: threading's own: it only calls :meth:`wait` and the predicate (checked here, lock held).
+    wait_for = threading.Condition.wait_for
 
     def notify(self, n: int = 1) -> None:
         self._call("notify", n)
