@@ -371,10 +371,11 @@ def test_chaos_10k_tasks_with_workers_killed_repeatedly():
             time.sleep(0.05)
         core = p._core
         assert settled(), "not settled: " + repr((
-            core.target, core._launching, len(core._unlaunched), core.next_spawn_at - time.monotonic(),
-            core.failures_in_a_row, core.broken,
+            core.fleet.target, core.fleet._launching, len(core.fleet._unlaunched),
+            core.supervision.next_spawn_at - time.monotonic(), core.supervision.failures_in_a_row,
+            core.supervision.broken,
             [(w.wid, w.state, w.launched, w.settled, w.poll(), w.process and w.process.is_alive())
-             for w in core.workers.values()]))
+             for w in core.fleet.workers.values()]))
 
 
 # ---------------------------------------------------------------- scaling
