@@ -225,8 +225,11 @@ class BackendConformance:
             assert pool.stats["replaced_workers"] >= 1
             assert pool.apply(triple, (1,)) == 3
 
-    #: Workers of the pool whose job is killed outside fibercore.
+    #: Workers of the pool whose job is killed outside fibercore, and the length of each
+    #: task of its map: the map must outlast the backend's kill (a cluster that reports a
+    #: pod Running late needs longer tasks).
     kill_pool_size: ClassVar[int] = 4
+    kill_task_seconds: ClassVar[float] = 0.04
 
     def kill_outside_fibercore(self, process: fc.Process) -> None:
         """Kill ``process``'s job with the platform's own tools, not through fibercore (a
@@ -245,7 +248,8 @@ class BackendConformance:
         job starts, the pool is whole and usable, and the platform agrees."""
         size = self.kill_pool_size
         with fc.Pool(size) as pool:
-            results = pool.starmap_async(triple_after, [(x, 0.04) for x in range(50 * size)], chunksize=2)
+            results = pool.starmap_async(triple_after, [(x, self.kill_task_seconds) for x in range(50 * size)],
+                                         chunksize=2)
             assert pool.wait_until_workers_up(self.timeout * 2)  # every worker's job runs and took tasks
             time.sleep(0.3)
             victim = pool.workers()[0]

@@ -14,6 +14,7 @@ class TestKubernetesBackend(BackendConformance):
     terminate_exitcode = -15  # pod deleted by terminate(): reported as SIGTERM, as multiprocessing does
     broken_python_exe = "/bin/false"  # exists in the image, is no Python
     timeout = 90.0
+    kill_task_seconds = 0.08  # the kill first waits for the kubelet to report the pod Running
 
     @pytest.fixture
     def backend_config(self, k8s_config: dict[str, Any], core: Any) -> dict[str, Any]:
