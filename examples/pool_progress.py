@@ -1,7 +1,11 @@
-"""A progress bar over a job-backed Pool: ``imap``/``imap_unordered`` yield as results arrive.
+"""A progress bar over a job-backed Pool: one argument (or the config key ``pool_progress``).
 
-    pip install tqdm        # optional; without it a plain counter is printed
+    pip install tqdm
     scripts/run examples/pool_progress.py
+    FIBER_POOL_PROGRESS=1 scripts/run my_program.py     # every map/imap of every pool
+
+``progress=True`` on a map/imap call (or on the Pool) draws a tqdm bar that advances as
+chunks finish on the workers; a dict is passed to tqdm (``progress={"desc": "rollouts"}``).
 """
 
 from __future__ import annotations
@@ -19,18 +23,9 @@ def work(x: int) -> int:
 def main() -> None:
     items = range(500)
     with mp.Pool(4) as pool:
-        results = pool.imap_unordered(work, items, chunksize=4)
-        try:
-            from tqdm import tqdm
-        except ImportError:
-            total = 0
-            for i, _ in enumerate(results, 1):
-                total += 1
-                if i % 100 == 0:
-                    print(f"{i}/{len(items)} done")
-        else:
-            total = sum(1 for _ in tqdm(results, total=len(items)))
-    print(f"{total} results")
+        total = sum(pool.imap_unordered(work, items, chunksize=4, progress={"desc": "squares"}))
+        squares = pool.map(work, range(100), progress=True)
+    print(f"sum of {len(items)} squares: {total}; map of 100 gave {len(squares)} results")
 
 
 if __name__ == "__main__":

@@ -12,11 +12,13 @@ import itertools
 import os
 import time
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sized
 from typing import Any
 
 from fibercore import lifetime
 from fibercore.pool import protocol as P
+from fibercore.pool.progress import Progress, ProgressArg
+from fibercore.pool.progress import resolve as resolve_progress
 from fibercore.pool.records import CLOSE, RUN, TERMINATE
 from fibercore.pool.results import (
     ApplyResult,
@@ -54,7 +56,9 @@ class Pool:
       the initializer); ``max_task_retries``: reruns of a task whose worker died
       (config ``pool_max_task_retries``, default 3); ``min_processes`` /
       ``max_processes``: adaptive size between these bounds, following the backlog;
-      ``idle_timeout``: seconds of low backlog before the adaptive mode shrinks.
+      ``idle_timeout``: seconds of low backlog before the adaptive mode shrinks;
+      ``progress``: a tqdm bar for every map/imap of this pool (True, or a dict of tqdm
+      arguments; config ``pool_progress``); each map/imap call also takes ``progress=``.
     """
 
     def __init__(
@@ -73,6 +77,7 @@ class Pool:
         max_processes: int | None = None,
         idle_timeout: float = 10.0,
         error_handling: bool | None = None,
+        progress: ProgressArg = None,
     ) -> None:
         # error_handling: the original fiber's switch to a resilient pool; every
         # fibercore pool reruns a dead worker's tasks, so it is accepted and has no effect.
@@ -102,6 +107,8 @@ class Pool:
         resources = dict(getattr(initializer, "__fiber_meta__", None) or {})
         resources.update({k: v for k, v in (("cpu", cpu), ("memory", memory), ("gpu", gpu)) if v is not None})
         self._resources = resources
+        self._progress = progress
+        self._progress_config = bool(cfg.get("pool_progress"))
         self._processes = processes
         self._name = f"Pool-{next(_pool_numbers)}"
         if initializer is not None:
@@ -153,8 +160,13 @@ class Pool:
         return result
 
     # ------------------------------------------------------------------ map
+    def _bar(self, progress: ProgressArg, what: str, total: int | None) -> Progress | None:
+        """The progress bar of one call, if the call, the pool or the config asks for one."""
+        options = resolve_progress(progress, self._progress, self._progress_config)
+        return None if options is None else Progress(what, total, options)
+
     def _map_async(self, func: Callable[..., Any], iterable: Iterable[Any], kind: int, chunksize: int | None,
-                   callback: Any, error_callback: Any, what: str) -> MapResult:
+                   callback: Any, error_callback: Any, what: str, progress: ProgressArg = None) -> MapResult:
         core = self._check_running()
         self._check_func(func)
         if not hasattr(iterable, "__len__"):
@@ -169,47 +181,59 @@ class Pool:
         if length == 0:
             chunksize = 0
         result = MapResult(chunksize, length, callback, error_callback)
+        bar = self._bar(progress, what, length)
+        if bar is not None:
+            result._show(bar)
         if length:
             batch = core.new_batch(kind, func, result, what)
             core.submit_iterable(batch, kind, iterable, chunksize, None, lazy=False)
         return result
 
-    def map(self, func: Callable[[Any], Any], iterable: Iterable[Any], chunksize: int | None = None) -> list[Any]:
+    def map(self, func: Callable[[Any], Any], iterable: Iterable[Any], chunksize: int | None = None, *,
+            progress: ProgressArg = None) -> list[Any]:
         """``[func(x) for x in iterable]`` computed by the workers, in order."""
-        return self._map_async(func, iterable, P.MAP, chunksize, None, None, "map").get()
+        return self._map_async(func, iterable, P.MAP, chunksize, None, None, "map", progress).get()
 
     def map_async(self, func: Callable[[Any], Any], iterable: Iterable[Any], chunksize: int | None = None,
                   callback: Callable[[Any], object] | None = None,
-                  error_callback: Callable[[BaseException], object] | None = None) -> MapResult:
-        return self._map_async(func, iterable, P.MAP, chunksize, callback, error_callback, "map")
+                  error_callback: Callable[[BaseException], object] | None = None, *,
+                  progress: ProgressArg = None) -> MapResult:
+        return self._map_async(func, iterable, P.MAP, chunksize, callback, error_callback, "map", progress)
 
-    def starmap(self, func: Callable[..., Any], iterable: Iterable[Iterable[Any]], chunksize: int | None = None) -> list[Any]:
+    def starmap(self, func: Callable[..., Any], iterable: Iterable[Iterable[Any]], chunksize: int | None = None, *,
+                progress: ProgressArg = None) -> list[Any]:
         """``[func(*args) for args in iterable]`` computed by the workers, in order."""
-        return self._map_async(func, iterable, P.STARMAP, chunksize, None, None, "starmap").get()
+        return self._map_async(func, iterable, P.STARMAP, chunksize, None, None, "starmap", progress).get()
 
     def starmap_async(self, func: Callable[..., Any], iterable: Iterable[Iterable[Any]], chunksize: int | None = None,
                       callback: Callable[[Any], object] | None = None,
-                      error_callback: Callable[[BaseException], object] | None = None) -> MapResult:
-        return self._map_async(func, iterable, P.STARMAP, chunksize, callback, error_callback, "starmap")
+                      error_callback: Callable[[BaseException], object] | None = None, *,
+                      progress: ProgressArg = None) -> MapResult:
+        return self._map_async(func, iterable, P.STARMAP, chunksize, callback, error_callback, "starmap", progress)
 
     def _imap(self, func: Callable[[Any], Any], iterable: Iterable[Any], chunksize: int,
-              result: IMapIterator, what: str) -> IMapIterator:
+              result: IMapIterator, what: str, progress: ProgressArg) -> IMapIterator:
         core = self._check_running()
         self._check_func(func)
         if chunksize < 1:
             raise ValueError(f"Chunksize must be 1+, not {chunksize:n}")
+        bar = self._bar(progress, what, len(iterable) if isinstance(iterable, Sized) else None)
+        if bar is not None:
+            result._show(bar)
         batch = core.new_batch(P.MAP, func, result, what)
         lazy = not isinstance(iterable, (list, tuple, range))
         core.submit_iterable(batch, P.MAP, iterable, chunksize, result._set_length, lazy=lazy)
         return result
 
-    def imap(self, func: Callable[[Any], Any], iterable: Iterable[Any], chunksize: int = 1) -> Iterator[Any]:
+    def imap(self, func: Callable[[Any], Any], iterable: Iterable[Any], chunksize: int = 1, *,
+             progress: ProgressArg = None) -> Iterator[Any]:
         """Results in order, each as soon as it (and those before it) is done."""
-        return self._imap(func, iterable, chunksize, IMapIterator(chunksize), "imap")
+        return self._imap(func, iterable, chunksize, IMapIterator(chunksize), "imap", progress)
 
-    def imap_unordered(self, func: Callable[[Any], Any], iterable: Iterable[Any], chunksize: int = 1) -> Iterator[Any]:
+    def imap_unordered(self, func: Callable[[Any], Any], iterable: Iterable[Any], chunksize: int = 1, *,
+                       progress: ProgressArg = None) -> Iterator[Any]:
         """Results in the order they complete."""
-        return self._imap(func, iterable, chunksize, IMapUnorderedIterator(chunksize), "imap_unordered")
+        return self._imap(func, iterable, chunksize, IMapUnorderedIterator(chunksize), "imap_unordered", progress)
 
     # ------------------------------------------------------------------ size
     def resize(self, processes: int) -> None:

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
 
 from fibercore.errors import TimeoutError
+from fibercore.pool.progress import Progress
 
 log = logging.getLogger("fibercore.pool")
 
@@ -39,6 +40,7 @@ class ApplyResult(Generic[T]):
         self._error_callback = error_callback
         self._success = False
         self._value: Any = None
+        self._progress: Progress | None = None  # a tqdm bar (pool/progress.py), off by default
 
     def ready(self) -> bool:
         """True once the call has completed (successfully or not)."""
@@ -89,6 +91,7 @@ class MapResult(ApplyResult[list[Any]]):
         super().__init__(callback, error_callback)
         self._success = True
         self._value = [None] * length
+        self._length = length
         self._chunksize = chunksize
         self._lock = threading.Lock()
         if chunksize <= 0:
@@ -97,7 +100,14 @@ class MapResult(ApplyResult[list[Any]]):
         else:
             self._number_left = length // chunksize + bool(length % chunksize)
 
+    def _show(self, progress: Progress) -> None:
+        """Advance ``progress`` as this result's chunks complete."""
+        self._progress = progress
+        progress.chunks(self._number_left)
+
     def _set(self, index: int, ok: bool, value: Any) -> None:
+        if self._progress is not None:
+            self._progress.items(len(value) if ok else min(self._chunksize, self._length - index * self._chunksize))
         with self._lock:
             self._number_left -= 1
             left = self._number_left
@@ -132,6 +142,7 @@ class IMapIterator(Iterator[Any]):
         self._chunksize = chunksize
         self._current: collections.deque[Any] = collections.deque()
         self._stopped = False
+        self._progress: Progress | None = None
 
     def __iter__(self) -> IMapIterator:
         return self
@@ -166,7 +177,13 @@ class IMapIterator(Iterator[Any]):
         self._index += 1
         self._cond.notify()
 
+    def _show(self, progress: Progress) -> None:
+        """Advance ``progress`` as this iterator's chunks complete."""
+        self._progress = progress
+
     def _set(self, index: int, ok: bool, value: Any) -> None:
+        if self._progress is not None:
+            self._progress.items(len(value) if ok else self._chunksize)
         with self._cond:
             if index == self._index:
                 self._push((ok, value))
@@ -177,6 +194,8 @@ class IMapIterator(Iterator[Any]):
 
     def _set_length(self, length: int) -> None:
         """Called once the input is exhausted: ``length`` chunks in all."""
+        if self._progress is not None:
+            self._progress.chunks(length)
         with self._cond:
             self._length = length
             if self._index == length:
@@ -187,5 +206,7 @@ class IMapUnorderedIterator(IMapIterator):
     """Results of ``imap_unordered``, in the order chunks complete."""
 
     def _set(self, index: int, ok: bool, value: Any) -> None:
+        if self._progress is not None:
+            self._progress.items(len(value) if ok else self._chunksize)
         with self._cond:
             self._push((ok, value))

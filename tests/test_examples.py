@@ -1,0 +1,71 @@
+"""Every program in examples/ runs, at a small size, on the local backend, as a user runs it."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
+
+
+def run(script: str | pathlib.Path, *args: str, cwd: pathlib.Path, timeout: float = 240) -> str:
+    """Run an example as ``python examples/X.py args``; returns its stdout, fails with its stderr."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FIBER_")}
+    proc = subprocess.run([sys.executable, str(script), *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+    assert proc.returncode == 0, f"{script} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout
+
+
+def test_es_on_cartpole_improves_the_reward_and_saves_its_curve(tmp_path):
+    png = tmp_path / "es_cartpole.png"
+    out = run(EXAMPLES / "es_cartpole.py", "--generations", "8", "--population", "24", "--workers", "2",
+              "--plot", str(png), cwd=tmp_path)
+    rewards = [float(m) for m in re.findall(r"mean reward\s+([\d.]+),", out)]
+    assert len(rewards) == 8, out
+    assert max(rewards[-3:]) > 2 * rewards[0] and max(rewards[-3:]) > 50, out
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+    artifacts = os.environ.get("FIBER_TEST_ARTIFACTS")
+    if artifacts:  # CI keeps the picture
+        pathlib.Path(artifacts).mkdir(parents=True, exist_ok=True)
+        (pathlib.Path(artifacts) / png.name).write_bytes(data)
+
+
+def test_remote_gymnasium_envs_step_through_an_async_manager(tmp_path):
+    out = run(EXAMPLES / "remote_envs.py", "--envs", "4", "--steps", "60", cwd=tmp_path)
+    assert re.search(r"4 remote CartPole envs x 60 steps = 240 steps", out), out
+    reward = float(re.search(r"reward (\d+)", out).group(1))
+    assert 0 < reward <= 240
+
+
+def test_an_unmodified_multiprocessing_program_gives_the_same_output(tmp_path):
+    source = (EXAMPLES / "mp_unmodified.py").read_text()
+    changed = [line for line in source.splitlines() if "fibercore" in line and line.startswith(("import", "from"))]
+    assert changed == ["import fibercore as multiprocessing  # was: import multiprocessing"]
+    stdlib = tmp_path / "stdlib_version.py"
+    stdlib.write_text(source.replace(changed[0], "import multiprocessing"))
+    with_fibercore = run(EXAMPLES / "mp_unmodified.py", cwd=tmp_path)
+    assert with_fibercore == run(stdlib, cwd=tmp_path)
+    assert "counter: 600" in with_fibercore and "pipe: HELLO" in with_fibercore
+
+
+def test_process_pool_executor_with_fibercores_context(tmp_path):
+    out = run(EXAMPLES / "futures_executor.py", cwd=tmp_path)
+    assert "1099726899285419 is prime: False" in out and "17 is prime: True" in out
+    assert {"2**10 = 1024", "2**20 = 1048576", "2**30 = 1073741824"} <= set(out.splitlines())
+
+
+@pytest.mark.parametrize("name, expect", [
+    ("quickstart.py", r"pi"),
+    ("pool_progress.py", r"500"),
+    ("es.py", r"generation"),
+])
+def test_the_other_examples_run(tmp_path, name, expect):
+    out = run(EXAMPLES / name, cwd=tmp_path)
+    assert re.search(expect, out, re.I), out
