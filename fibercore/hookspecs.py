@@ -24,6 +24,8 @@ Hooks, in lifecycle order:
     jobs      ─ fiber_listen_host, fiber_create_job, fiber_job_status,
                 fiber_wait_job, fiber_terminate_job, fiber_job_logs, fiber_cleanup_jobs,
                 fiber_job_secret
+    operations ─ fiber_list_jobs, fiber_read_job_logs, fiber_follow_logs,
+                fiber_copy_files, fiber_doctor (the ``fiber`` command; optional)
     transport ─ fiber_transport
     serialize ─ fiber_serializer
     observers ─ fiber_job_started, fiber_job_exited, fiber_worker_start
@@ -31,6 +33,7 @@ Hooks, in lifecycle order:
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import pluggy
@@ -38,7 +41,7 @@ import pluggy
 if TYPE_CHECKING:
     from fibercore.serialization import Serializer
     from fibercore.transport import Transport
-    from fibercore.types import ConfigView, Job, JobSpec, JobStatus, Option
+    from fibercore.types import Check, ConfigView, Job, JobInfo, JobSpec, JobStatus, Option
 
 PROJECT_NAME = "fiber"
 
@@ -204,6 +207,66 @@ def fiber_job_secret(session: str, config: ConfigView) -> str | None:
     :param session: the job's session id (``FIBER_SESSION``).
     :param config: the job's effective configuration.
     :raises Exception: with a message that says what to fix (missing permission...).
+    """
+
+
+# ---------------------------------------------------------------------------
+# Operations: what the ``fiber`` command asks a backend, from any process (optional)
+# ---------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def fiber_list_jobs(session: str | None, config: ConfigView) -> list[JobInfo] | None:
+    """List the jobs of ``session`` (None: of every fiber session) on this backend.
+
+    Called by ``fiber ps`` and ``fiber logs SESSION``, usually in a process that did not
+    start the jobs: the backend finds them by the ``fiber-session`` label every job
+    carries (containers, pods, Batch tags, a local process's environment). First
+    non-None wins; a backend without it makes ``fiber ps`` say so.
+
+    :return: :class:`fibercore.types.JobInfo` records, finished jobs the backend still
+        knows included.
+    """
+
+
+@hookspec(firstresult=True)
+def fiber_read_job_logs(jid: str, config: ConfigView) -> str | None:
+    """Return the output of job ``jid`` (a :attr:`JobInfo.jid`), from any process.
+
+    Called by ``fiber logs JOB``. First non-None wins. Return None when the job is
+    not this backend's; raise with a clear message when it is but its logs are gone.
+    """
+
+
+@hookspec(firstresult=True)
+def fiber_follow_logs(job: Job, config: ConfigView) -> Iterator[str] | None:
+    """Return an iterator over the job's output as it is printed, ending when the job ends.
+
+    Called by ``fiber run`` to stream the output of the master it started. A backend
+    that already echoes each job's output to the creating process (local, docker)
+    need not implement it; ``fiber run`` then relies on the echo.
+    """
+
+
+@hookspec(firstresult=True)
+def fiber_copy_files(jid: str, source: str, destination: str, into_job: bool,
+                     config: ConfigView) -> bool | None:
+    """Copy a file or directory into a job (``into_job``) or out of it.
+
+    Called by ``fiber cp``. A path inside the job is relative to its working
+    directory. Return True when done, None when the job is not this backend's; raise
+    with the reason (and the fix) when the backend cannot reach the job's files.
+    """
+
+
+@hookspec
+def fiber_doctor(config: ConfigView) -> list[Check]:
+    """Check what this plugin needs (engine reachable, credentials, image present).
+
+    Called by ``fiber doctor`` for every installed backend, with that backend's
+    configuration. Each :class:`fibercore.types.Check` says what was checked, whether
+    it holds, and for each "no" the fix. Must be quick (a few seconds at most) and must
+    not start jobs.
     """
 
 

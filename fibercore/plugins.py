@@ -30,7 +30,7 @@ import importlib
 import logging
 import os
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,7 +38,7 @@ import pluggy
 
 from fibercore import hookspecs
 from fibercore.errors import BackendNotFoundError, ConfigError, ProcessError
-from fibercore.types import Job, JobSpec, JobStatus, Option
+from fibercore.types import Check, Job, JobInfo, JobSpec, JobStatus, Option
 from fibercore.util import truthy_env
 
 log = logging.getLogger("fibercore.plugins")
@@ -347,6 +347,42 @@ class Plugins:
 
     def cleanup_jobs(self, session: str | None) -> int:
         return self.pm.hook.fiber_cleanup_jobs(session=session, config=self.config) or 0
+
+    # -- operations (the fiber command) ------------------------------------------------------
+    def _unsupported(self, hook: str, command: str) -> ConfigError:
+        return ConfigError(
+            f"backend {self.backend!r} does not implement {hook}, which `fiber {command}` needs; "
+            "upgrade its plugin, or ask its authors to implement the hook (docs/hooks.md)"
+        )
+
+    def list_jobs(self, session: str | None) -> list[JobInfo]:
+        found = self.pm.hook.fiber_list_jobs(session=session, config=self.config)
+        if found is None:
+            raise self._unsupported("fiber_list_jobs", "ps")
+        return list(found)
+
+    def read_job_logs(self, jid: str) -> str:
+        text = self.pm.hook.fiber_read_job_logs(jid=jid, config=self.config)
+        if text is None:
+            if not self.pm.hook.fiber_read_job_logs.get_hookimpls():
+                raise self._unsupported("fiber_read_job_logs", "logs")
+            raise ConfigError(f"no job {jid!r} on backend {self.backend!r}: `fiber ps` lists the jobs and their ids")
+        return text
+
+    def follow_logs(self, job: Job) -> Iterator[str] | None:
+        """The job's output as it is printed, or None: the backend echoes it already."""
+        return self.pm.hook.fiber_follow_logs(job=job, config=self.config)
+
+    def copy_files(self, jid: str, source: str, destination: str, into_job: bool) -> None:
+        done = self.pm.hook.fiber_copy_files(jid=jid, source=source, destination=destination,
+                                             into_job=into_job, config=self.config)
+        if done is None:
+            if not self.pm.hook.fiber_copy_files.get_hookimpls():
+                raise self._unsupported("fiber_copy_files", "cp")
+            raise ConfigError(f"no job {jid!r} on backend {self.backend!r}: `fiber ps` lists the jobs and their ids")
+
+    def doctor(self) -> list[Check]:
+        return [check for answer in self.pm.hook.fiber_doctor(config=self.config) for check in answer or ()]
 
     # -- transport and serialization ------------------------------------------------------
     def transport(self, config: Any) -> Any:

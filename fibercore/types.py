@@ -104,6 +104,36 @@ class Job:
         return f"Job(jid={self.jid!r}, backend={self.backend!r}, pid={self.pid})"
 
 
+@dataclass
+class JobInfo:
+    """One job as ``fiber ps`` lists it: found by its labels, from any process.
+
+    ``name`` is the fibercore process name (``fiber-process`` label; ``master`` for a
+    program ``fiber run`` started), ``created`` epoch seconds when the backend knows.
+    """
+
+    jid: str
+    backend: str
+    session: str
+    name: str
+    status: JobStatus
+    host: str | None = None
+    image: str | None = None
+    created: float | None = None
+    exitcode: int | None = None
+
+
+@dataclass
+class Check:
+    """One line of ``fiber doctor``: what was checked, whether it holds, and the fix if not."""
+
+    backend: str
+    what: str
+    ok: bool
+    detail: str = ""
+    fix: str = ""
+
+
 def _to_bool(value: Any) -> bool:
     if isinstance(value, bool):
         return value
@@ -158,4 +188,4 @@ class Option:
         return getattr(self.type, "__name__", str(self.type))
 
 
-__all__ = ["ConfigView", "Job", "JobSpec", "JobStatus", "Option"]
+__all__ = ["Check", "ConfigView", "Job", "JobInfo", "JobSpec", "JobStatus", "Option"]

@@ -284,6 +284,72 @@ class Engine:
             count += 1
         return count
 
+    # -- operations (the fiber command, from any process) ------------------------------
+    def list_jobs(self, session: str | None) -> list[Any]:
+        """The containers of ``session`` (any fiber session when None) as JobInfo records."""
+        from fibercore.types import JobInfo, JobStatus
+
+        label = f"fiber-session={session}" if session else "fiber-session"
+        out = []
+        for info in self.api.containers(all=True, filters={"label": label}):
+            state = info.get("State", "")
+            status = {"created": JobStatus.PENDING, "running": JobStatus.RUNNING, "restarting": JobStatus.RUNNING,
+                      "paused": JobStatus.RUNNING, "exited": JobStatus.EXITED,
+                      "dead": JobStatus.EXITED}.get(state, JobStatus.UNKNOWN)
+            labels = info.get("Labels") or {}
+            code = None
+            if status is JobStatus.EXITED:
+                code = self.api.inspect_container(info["Id"])["State"].get("ExitCode")
+            out.append(JobInfo(jid=info["Id"][:12], backend="docker", session=labels.get("fiber-session", "?"),
+                               name=labels.get("fiber-process", "?"), status=status, image=info.get("Image"),
+                               created=info.get("Created"), exitcode=code))
+        return out
+
+    def fiber_container(self, jid: str) -> dict[str, Any] | None:
+        """The inspect data of container ``jid`` if it is a fiber job, else None."""
+        try:
+            data = self.api.inspect_container(jid)
+        except self._docker.errors.NotFound:
+            return None
+        return data if "fiber-session" in (data["Config"].get("Labels") or {}) else None
+
+    def read_logs(self, jid: str) -> str:
+        return self.api.logs(jid, stdout=True, stderr=True).decode("utf-8", "replace")
+
+    def copy(self, jid: str, source: str, destination: str, into_job: bool, workdir: str) -> None:
+        """docker cp: a path in the container is relative to its working directory."""
+        import io
+        import tarfile
+
+        def inside(path: str) -> str:
+            return path if path.startswith("/") else os.path.join(workdir or "/", path)
+
+        if into_job:
+            buf = io.BytesIO()
+            with tarfile.open(fileobj=buf, mode="w") as tar:
+                tar.add(source, arcname=os.path.basename(source.rstrip("/")))
+            target = inside(destination)
+            if not self.api.put_archive(jid, target, buf.getvalue()):
+                raise RuntimeError(f"docker refused to copy {source} into {jid}:{target} (is it a directory there?)")
+            return
+        try:
+            stream, _ = self.api.get_archive(jid, inside(source))
+        except self._docker.errors.NotFound:
+            raise FileNotFoundError(f"no {inside(source)} in container {jid}") from None
+        buf = io.BytesIO(b"".join(stream))
+        with tarfile.open(fileobj=buf) as tar:
+            members = tar.getmembers()
+            if os.path.isdir(destination):
+                tar.extractall(destination, filter="data")
+            elif len(members) == 1 and members[0].isfile():
+                extracted = tar.extractfile(members[0])
+                assert extracted is not None
+                with open(destination, "wb") as fh:
+                    fh.write(extracted.read())
+            else:
+                os.makedirs(destination, exist_ok=True)
+                tar.extractall(destination, filter="data")
+
     def close(self) -> None:
         """At exit: kill what still runs (the core has joined or stopped its jobs by now)."""
         self._closing = True

@@ -153,8 +153,10 @@ def build_request(
     environment = dict(spec.env)
     environment["PYTHONUNBUFFERED"] = "1"
     # `python -m` would put the working directory (the mounted cwd) first on sys.path,
-    # ahead of the image's fibercore; the master's sys.path still reaches the job.
-    environment["PYTHONSAFEPATH"] = "1"
+    # ahead of the image's fibercore; the master's sys.path still reaches the job. A
+    # script (a master `fiber run` started) keeps its own folder first, as always.
+    if spec.args[:1] == ["-m"]:
+        environment["PYTHONSAFEPATH"] = "1"
     environment["FIBERCORE_DOCKER_CONTAINER"] = "1"
     volumes = parse_volumes(cfg.get("docker_volumes"))
     volumes.update(spec.volumes or {})

@@ -184,3 +184,47 @@ def fiber_job_logs(job: Any) -> str | None:
 def fiber_cleanup_jobs(session: str | None, config: Any) -> int:
     """Remove the containers of ``session`` (every fiber session when None)."""
     return engine(config).cleanup(session)
+
+
+@hookimpl
+def fiber_list_jobs(session: str | None, config: Any) -> list[Any]:
+    return engine(config).list_jobs(session)
+
+
+@hookimpl
+def fiber_read_job_logs(jid: str, config: Any) -> str | None:
+    eng = engine(config)
+    if eng.fiber_container(jid) is None:
+        return None
+    return eng.read_logs(jid)
+
+
+@hookimpl
+def fiber_copy_files(jid: str, source: str, destination: str, into_job: bool, config: Any) -> bool | None:
+    eng = engine(config)
+    data = eng.fiber_container(jid)
+    if data is None:
+        return None
+    eng.copy(data["Id"], source, destination, into_job, data["Config"].get("WorkingDir") or "/")
+    return True
+
+
+@hookimpl
+def fiber_doctor(config: Any) -> list[Any]:
+    from fibercore.types import Check
+
+    try:
+        eng = engine(config)
+    except Exception as exc:
+        return [Check(NAME, "Docker daemon reachable", False, str(exc),
+                      "start dockerd (or set docker_host / DOCKER_HOST) and check this user may use its socket")]
+    version = eng.client.version()
+    checks = [Check(NAME, "Docker daemon reachable", True, f"Docker {version.get('Version')}, API {version.get('ApiVersion')}")]
+    image = config.get("image") or config.get("default_image") or DEFAULT_IMAGE
+    try:
+        eng.client.images.get(image)
+        checks.append(Check(NAME, f"image {image} present", True))
+    except Exception:
+        checks.append(Check(NAME, f"image {image} present", False, "not on this daemon",
+                            "build it: python -m fiber_docker.image (or fiber run --build), or docker pull it"))
+    return checks

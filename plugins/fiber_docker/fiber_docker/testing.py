@@ -57,3 +57,71 @@ def test_image(checkout: str | Path) -> str:
 
 
 test_image.__test__ = False  # type: ignore[attr-defined]  # not a pytest test
+
+
+class Registry:
+    """A real registry (the distribution registry, Debian's ``docker-registry``) on 127.0.0.1.
+
+    Started on a free port with its storage in ``root``; ``readonly`` makes it refuse pushes
+    (its maintenance mode). :meth:`stop` stops it by its PID.
+    """
+
+    def __init__(self, root: str | Path, readonly: bool = False) -> None:
+        import shutil
+        import socket
+        import time
+        import urllib.request
+
+        binary = shutil.which("docker-registry") or shutil.which("registry")
+        if binary is None:
+            raise RuntimeError("no docker-registry binary: apt-get install docker-registry (scripts/test does it as root)")
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        self.address = f"127.0.0.1:{port}"
+        root = Path(root)
+        (root / "data").mkdir(parents=True, exist_ok=True)
+        readonly_block = "  maintenance:\n    readonly:\n      enabled: true\n" if readonly else ""
+        (root / "config.yml").write_text(
+            "version: 0.1\nlog:\n  level: warn\n  accesslog:\n    disabled: true\n"
+            f"storage:\n  filesystem:\n    rootdirectory: {root / 'data'}\n  delete:\n    enabled: true\n"
+            f"{readonly_block}http:\n  addr: {self.address}\n")
+        self._log = open(root / "registry.log", "wb")
+        self.proc = subprocess.Popen([binary, "serve", str(root / "config.yml")], stdout=self._log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://{self.address}/v2/", timeout=2) as resp:
+                    if resp.status == 200:
+                        break
+            except OSError:
+                pass
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"the registry did not start: {(root / 'registry.log').read_text()[-2000:]}")
+            time.sleep(0.1)
+
+    def tags(self, repository: str) -> list[str]:
+        """The tags the registry holds for ``repository`` (its HTTP API)."""
+        import json
+        import urllib.error
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(f"http://{self.address}/v2/{repository}/tags/list", timeout=5) as resp:
+                return list(json.load(resp).get("tags") or [])
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:
+                return []
+            raise
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()  # by its PID
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()

@@ -18,6 +18,7 @@ import os
 import secrets
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -330,6 +331,64 @@ class Engine:
             self.known_secrets -= gone
             self.owned_secrets -= gone
         return len(pods)
+
+    # -- operations (the fiber command, from any process) ------------------------------
+    def list_jobs(self, session: str | None) -> list[Any]:
+        """The pods of ``session`` (any fiber session when None) as JobInfo records."""
+        from fibercore.types import JobInfo, JobStatus
+
+        selector = f"fiber-session={session}" if session else "fiber-session"
+        try:
+            pods = self.core.list_namespaced_pod(self.namespace, label_selector=selector).items
+        except Exception as exc:
+            raise self.explain(exc, f"listing pods in namespace {self.namespace}") from exc
+        out = []
+        for pod in pods:
+            phase = (pod.status.phase if pod.status else None) or "Pending"
+            status = {"Pending": JobStatus.PENDING, "Running": JobStatus.RUNNING,
+                      "Succeeded": JobStatus.EXITED, "Failed": JobStatus.EXITED}.get(phase, JobStatus.UNKNOWN)
+            code = None
+            for cs in (pod.status.container_statuses or []) if pod.status else []:
+                if cs.state and cs.state.terminated:
+                    code = cs.state.terminated.exit_code
+            created = pod.metadata.creation_timestamp
+            out.append(JobInfo(
+                jid=pod.metadata.name, backend="kubernetes", session=pod.metadata.labels.get("fiber-session", "?"),
+                name=(pod.metadata.annotations or {}).get("fibercore/process", "?"), status=status,
+                host=pod.spec.node_name, image=pod.spec.containers[0].image if pod.spec.containers else None,
+                created=created.timestamp() if created else None, exitcode=code))
+        return out
+
+    def is_fiber_pod(self, name: str) -> bool:
+        try:
+            pod = self.core.read_namespaced_pod(name, self.namespace)
+        except Exception as exc:
+            if getattr(exc, "status", None) == 404:
+                return False
+            raise self.explain(exc, f"reading pod {name}") from exc
+        return "fiber-session" in (pod.metadata.labels or {})
+
+    def follow(self, job: PodJob) -> Iterator[str]:
+        """The pod's output as it is printed: waits for its container to start, then follows."""
+        while job.phase == "Pending" and not job.done.is_set():
+            job.done.wait(0.25)
+        if job.done.is_set() and job.logs is not None:  # finished (and maybe deleted) already
+            yield job.logs
+            return
+        try:
+            resp = self.core.read_namespaced_pod_log(job.name, self.namespace, container="worker", follow=True,
+                                                     _preload_content=False)
+        except Exception as exc:
+            job.done.wait(5)
+            if job.logs is not None:
+                yield job.logs
+                return
+            raise self.explain(exc, f"following the output of pod {job.name}") from exc
+        try:
+            for chunk in resp.stream(amt=4096, decode_content=True):
+                yield chunk.decode("utf-8", "replace") if isinstance(chunk, bytes) else str(chunk)
+        finally:
+            resp.release_conn()
 
     def close(self) -> None:
         """At exit: delete what still runs and the secrets this process created."""

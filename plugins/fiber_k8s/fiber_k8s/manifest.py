@@ -165,7 +165,7 @@ def pod_manifest(
         env.append({"name": SECRET_KEY, "valueFrom": {"secretKeyRef": {"name": secret, "key": SECRET_KEY}}})
     else:
         env += [{"name": k, "value": v} for k, v in sorted(spec.secret_env.items())]
-    env.append({"name": "FIBER_K8S_POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
+    env.append({"name": "FIBERCORE_K8S_POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
     volumes, mounts = parse_volumes(cfg.get("k8s_volumes"))
     container: dict[str, Any] = {
         "name": WORKER_CONTAINER,

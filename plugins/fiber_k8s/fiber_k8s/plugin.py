@@ -63,7 +63,7 @@ def _own_pod_name(cfg: Any) -> str | None:
     """The pod this process runs in, if any (the owner of the pods it creates)."""
     from fiber_k8s.engine import in_cluster
 
-    return (cfg.get("k8s_owner_pod") or os.environ.get("FIBER_K8S_POD_NAME")
+    return (cfg.get("k8s_owner_pod") or os.environ.get("FIBERCORE_K8S_POD_NAME")
             or (os.environ.get("HOSTNAME") if in_cluster() else None))
 
 
@@ -114,8 +114,8 @@ def fiber_detect_backend() -> str | None:
 @hookimpl
 def fiber_listen_host(config: Any) -> str:
     cfg = config
-    if os.environ.get("FIBER_K8S_POD_IP") or os.environ.get("FIBER_K8S_POD_NAME"):  # a pod fibercore started
-        return cfg.get("k8s_job_listen_host") or os.environ.get("FIBER_K8S_POD_IP") or socket.gethostbyname(socket.gethostname())
+    if os.environ.get("FIBERCORE_K8S_POD_IP") or os.environ.get("FIBERCORE_K8S_POD_NAME"):  # a pod fibercore started
+        return cfg.get("k8s_job_listen_host") or os.environ.get("FIBERCORE_K8S_POD_IP") or socket.gethostbyname(socket.gethostname())
     from fiber_k8s.engine import in_cluster
 
     if in_cluster():  # a master in a pod: its pod IP
@@ -140,7 +140,7 @@ def fiber_create_job(spec: Any, config: Any) -> Any:
     manifest = pod_manifest(spec, config, name=name, namespace=eng.namespace,
                             labels={**session_labels, "fiber-backend": NAME}, owner=owner, secret=secret)
     manifest["spec"]["containers"][0]["env"].append(
-        {"name": "FIBER_K8S_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})
+        {"name": "FIBERCORE_K8S_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})
     job = eng.create(manifest)
     return Job(jid=name, backend=NAME, data=job, host=None, pid=None, spec=spec,
                command=manifest["spec"]["containers"][0]["command"])
@@ -188,3 +188,61 @@ def fiber_job_logs(job: Any) -> str | None:
 @hookimpl
 def fiber_cleanup_jobs(session: str | None, config: Any) -> int:
     return engine(config).cleanup(session)
+
+
+@hookimpl
+def fiber_list_jobs(session: str | None, config: Any) -> list[Any]:
+    return engine(config).list_jobs(session)
+
+
+@hookimpl
+def fiber_read_job_logs(jid: str, config: Any) -> str | None:
+    eng = engine(config)
+    if not eng.is_fiber_pod(jid):
+        return None
+    from fiber_k8s.engine import PodJob
+
+    return eng.read_logs(PodJob(jid, eng)) or f"(pod {jid} has printed nothing yet)"
+
+
+@hookimpl
+def fiber_follow_logs(job: Any, config: Any) -> Any:
+    p = _pod(job)
+    if p is None:
+        return None
+    return p.engine.follow(p)
+
+
+@hookimpl
+def fiber_copy_files(jid: str, config: Any) -> bool | None:
+    if not engine(config).is_fiber_pod(jid):
+        return None
+    raise RuntimeError(
+        "fiber cp into or out of a pod is not implemented by fiber-k8s (it needs exec and tar in the "
+        f"image): use `kubectl cp {jid}:PATH DEST`, or a volume (k8s_volumes) the pods write to"
+    )
+
+
+@hookimpl
+def fiber_doctor(config: Any) -> list[Any]:
+    from fibercore.types import Check
+
+    checks = []
+    try:
+        eng = engine(config)
+    except Exception as exc:
+        return [Check(NAME, "Kubernetes API reachable", False, f"{type(exc).__name__}: {exc}",
+                      "set k8s_kubeconfig / k8s_context (or KUBECONFIG), or run in a pod with a service account")]
+    checks.append(Check(NAME, "Kubernetes API reachable", True, f"namespace {eng.namespace}"))
+    for verb, call in (("list pods", lambda: eng.core.list_namespaced_pod(eng.namespace, limit=1)),
+                       ("list secrets", lambda: eng.core.list_namespaced_secret(eng.namespace, limit=1))):
+        try:
+            call()
+            checks.append(Check(NAME, f"may {verb}", True))
+        except Exception as exc:
+            checks.append(Check(NAME, f"may {verb}", False, str(getattr(exc, "reason", exc)),
+                                "apply rbac.yaml (Role pods, pods/log, secrets) to this user or service account"))
+    image = config.get("image") or config.get("default_image")
+    checks.append(Check(NAME, "worker image set", bool(image), image or "no image",
+                        "set image=REGISTRY/NAME:TAG (FIBER_IMAGE), or use `fiber run --build --push REGISTRY`"))
+    return checks

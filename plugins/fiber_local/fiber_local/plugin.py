@@ -17,10 +17,13 @@ from __future__ import annotations
 
 import os
 import selectors
+import shutil
 import signal
 import subprocess
 import sys
 import threading
+import time
+from collections.abc import Iterator
 from typing import Any
 
 import pluggy
@@ -32,6 +35,8 @@ FIBER_CONTRACT = 2
 NAME = "local"
 #: Set in every local job's environment: the pid of the master that started it.
 MASTER_PID_ENV = "FIBERCORE_LOCAL_MASTER_PID"  # not FIBER_*: that prefix is config
+#: Set in every local job's environment: its fibercore process name (``fiber ps``).
+NAME_ENV = "FIBERCORE_LOCAL_NAME"
 _TAIL = 64 * 1024
 
 
@@ -160,6 +165,7 @@ def fiber_create_job(spec: Any, config: Any) -> Any:
         env[SECRET_FD_ENV] = str(secret_fd)
         pass_fds = (secret_fd,)
     env[MASTER_PID_ENV] = str(os.getpid())  # `fiber cleanup` leaves jobs of a live master alone
+    env[NAME_ENV] = spec.name  # what `fiber ps` shows
     cwd = spec.cwd if spec.cwd and os.path.isdir(spec.cwd) else None
     _pump.echo = bool(config.get("local_echo_output", True))
     command = spec.argv(sys.executable)  # a job here runs this interpreter unless told otherwise
@@ -236,33 +242,129 @@ def _alive(pid: int) -> bool:
         return False
 
 
-@hookimpl
-def fiber_cleanup_jobs(session: str | None) -> int:
-    """Kill local workers left by a master that is gone (any session), or every worker of
-    ``session`` when one is named (the user stops that session on purpose)."""
-    count = 0
+def _fiber_processes(session: str | None) -> Iterator[tuple[int, dict[bytes, bytes]]]:
+    """(pid, initial environment) of every local process of a fiber session (``session``
+    only, when given): the jobs (they carry FIBER_MASTER_ADDR) and the masters ``fiber run``
+    started (FIBER_SESSION without it). Found in /proc, so from any process of this user."""
     me = os.getpid()
     for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
         if not entry.isdigit() or int(entry) == me:
             continue
         try:
             with open(f"/proc/{entry}/environ", "rb") as fh:
-                env = dict(
-                    item.split(b"=", 1) for item in fh.read().split(b"\0") if b"=" in item
-                )
+                env = dict(item.split(b"=", 1) for item in fh.read().split(b"\0") if b"=" in item)
         except OSError:
             continue
         found = env.get(b"FIBER_SESSION")
-        if found is None or b"FIBER_MASTER_ADDR" not in env:
+        if found is None or MASTER_PID_ENV.encode() not in env:
             continue
         if session is not None and found.decode() != session:
+            continue
+        if _alive(int(entry)):
+            yield int(entry), env
+
+
+@hookimpl
+def fiber_cleanup_jobs(session: str | None) -> int:
+    """Kill local workers left by a master that is gone (any session), or every job of
+    ``session`` when one is named (the user stops that session on purpose): its master
+    gets SIGTERM first, so it stops its own jobs as it exits."""
+    count = 0
+    found = list(_fiber_processes(session))
+    if session is not None:
+        for pid, env in found:
+            if b"FIBER_MASTER_ADDR" not in env:  # a master fiber run started
+                _signal(pid, signal.SIGTERM)
+                count += 1
+        time.sleep(0.5 if count else 0)
+    for pid, env in found:
+        if b"FIBER_MASTER_ADDR" not in env:
+            if session is not None and _alive(pid):
+                _signal(pid, signal.SIGKILL)
             continue
         master = env.get(MASTER_PID_ENV.encode(), b"")
         if session is None and master.isdigit() and _alive(int(master)):
             continue  # its master still runs: not a leftover
-        try:
-            os.kill(int(entry), signal.SIGKILL)
+        if _signal(pid, signal.SIGKILL):
             count += 1
-        except OSError:
-            pass
     return count
+
+
+def _signal(pid: int, sig: int) -> bool:
+    try:
+        os.kill(pid, sig)
+        return True
+    except OSError:
+        return False
+
+
+@hookimpl
+def fiber_list_jobs(session: str | None) -> list[Any]:
+    from fibercore.types import JobInfo, JobStatus
+
+    out = []
+    for pid, env in _fiber_processes(session):
+        try:
+            created = os.stat(f"/proc/{pid}").st_mtime
+        except OSError:
+            created = None
+        name = env.get(NAME_ENV.encode(), b"?").decode()
+        out.append(JobInfo(jid=str(pid), backend=NAME, session=env[b"FIBER_SESSION"].decode(), name=name,
+                           status=JobStatus.RUNNING, host="127.0.0.1", created=created))
+    return out
+
+
+def _own_job(jid: str) -> int | None:
+    """The pid of local job ``jid`` if it is one (a fiber process of this machine)."""
+    if not jid.isdigit():
+        return None
+    try:
+        with open(f"/proc/{jid}/environ", "rb") as fh:
+            is_fiber = MASTER_PID_ENV.encode() + b"=" in fh.read()
+    except OSError:
+        return None
+    return int(jid) if is_fiber else None
+
+
+@hookimpl
+def fiber_read_job_logs(jid: str) -> str | None:
+    if _own_job(jid) is None:
+        return None
+    raise RuntimeError(
+        f"local job {jid} prints to the terminal of the master that started it (with "
+        "local_echo_output, the default); the local backend keeps no copy elsewhere. Run the "
+        "program with its output redirected to a file to keep it"
+    )
+
+
+@hookimpl
+def fiber_copy_files(jid: str, source: str, destination: str, into_job: bool) -> bool | None:
+    """A local job shares this machine's files: paths in the job are relative to its cwd."""
+    pid = _own_job(jid)
+    if pid is None:
+        return None
+    cwd = os.readlink(f"/proc/{pid}/cwd")
+    src = os.path.join(cwd, source) if not into_job else source
+    dst = os.path.join(cwd, destination) if into_job else destination
+    if os.path.isdir(src):
+        shutil.copytree(src, dst, dirs_exist_ok=True)
+    else:
+        shutil.copy2(src, dst)
+    return True
+
+
+@hookimpl
+def fiber_doctor(config: Any) -> list[Any]:
+    import resource
+
+    from fibercore.types import Check
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    shm_ok = os.access("/dev/shm", os.W_OK)
+    return [
+        Check(NAME, "interpreter", True, f"jobs run {config.get('python_exe') or sys.executable}"),
+        Check(NAME, "open files limit", soft >= 1024, f"ulimit -n is {soft}",
+              "raise it (ulimit -n 4096): every job and queue holds a few descriptors"),
+        Check(NAME, "/dev/shm writable", shm_ok, "Value/Array live in POSIX shared memory",
+              "" if shm_ok else "mount a tmpfs on /dev/shm (docker run --shm-size=...)"),
+    ]

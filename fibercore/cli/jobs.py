@@ -1,0 +1,110 @@
+"""``fiber ps``, ``logs``, ``stop``, ``cp`` and ``cleanup``: the jobs of sessions, from any process.
+
+Jobs are found by the ``fiber-session`` label every backend attaches (hooks
+``fiber_list_jobs``, ``fiber_read_job_logs``, ``fiber_copy_files``), so these commands
+work from another terminal than the master's, or after it is gone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import sys
+from typing import Any
+
+from fibercore.errors import ConfigError
+
+
+def _runtime(args: argparse.Namespace) -> Any:
+    from fibercore.runtime import get_runtime, init
+
+    if getattr(args, "backend", None):
+        init(backend=args.backend)
+    return get_runtime()
+
+
+def _when(epoch: float | None) -> str:
+    if epoch is None:
+        return "-"
+    return datetime.datetime.fromtimestamp(epoch).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def ps(args: argparse.Namespace) -> int:
+    rt = _runtime(args)
+    found = rt.plugins.list_jobs(args.session)
+    if not found:
+        print(f"no fiber jobs on backend {rt.backend}" + (f" in session {args.session}" if args.session else ""))
+        return 0
+    rows = [("SESSION", "JOB", "NAME", "STATUS", "CREATED", "IMAGE")]
+    for info in sorted(found, key=lambda i: (i.session, i.created or 0, i.jid)):
+        status = info.status.value + (f" ({info.exitcode})" if info.exitcode is not None else "")
+        rows.append((info.session, info.jid, info.name, status, _when(info.created), info.image or "-"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    return 0
+
+
+def logs(args: argparse.Namespace) -> int:
+    rt = _runtime(args)
+    of_session = [i for i in rt.plugins.list_jobs(None) if i.session == args.target]
+    if not of_session:
+        sys.stdout.write(_ending_newline(rt.plugins.read_job_logs(args.target)))
+        return 0
+    for info in sorted(of_session, key=lambda i: (i.created or 0, i.jid)):
+        print(f"==> {info.name} ({info.jid}, {info.status.value}) <==")
+        try:
+            text = rt.plugins.read_job_logs(info.jid)
+        except Exception as exc:  # one job's logs gone does not hide the others'
+            text = f"(no logs: {exc})"
+        sys.stdout.write(_ending_newline(text))
+    return 0
+
+
+def _ending_newline(text: str) -> str:
+    return text if not text or text.endswith("\n") else text + "\n"
+
+
+def stop(args: argparse.Namespace) -> int:
+    rt = _runtime(args)
+    count = rt.plugins.cleanup_jobs(args.session)
+    if not count:
+        print(f"fiber stop: no running job of session {args.session} on backend {rt.backend} "
+              "(fiber ps lists the sessions)", file=sys.stderr)
+        return 1
+    print(f"stopped {count} job(s) of session {args.session} on backend {rt.backend}")
+    return 0
+
+
+def split_job_path(text: str) -> tuple[str | None, str]:
+    """``JOB:PATH`` -> (JOB, PATH); a local path (no colon before the first slash) -> (None, path)."""
+    head, sep, tail = text.partition(":")
+    if sep and head and "/" not in head and head not in (".", ".."):
+        return head, tail or "."
+    return None, text
+
+
+def cp(args: argparse.Namespace) -> int:
+    src_job, src = split_job_path(args.source)
+    dst_job, dst = split_job_path(args.destination)
+    if (src_job is None) == (dst_job is None):
+        raise ConfigError(
+            "fiber cp copies between a job and this machine: exactly one of SRC and DST must be "
+            "JOB:PATH (for example `fiber cp 3f2a9c:results.csv .` or `fiber cp config.yaml 3f2a9c:`)"
+        )
+    rt = _runtime(args)
+    if dst_job is not None:
+        rt.plugins.copy_files(dst_job, src, dst, into_job=True)
+    else:
+        assert src_job is not None
+        rt.plugins.copy_files(src_job, src, dst, into_job=False)
+    print(f"copied {args.source} -> {args.destination}")
+    return 0
+
+
+def cleanup(args: argparse.Namespace) -> int:
+    rt = _runtime(args)
+    count = rt.plugins.cleanup_jobs(args.session)
+    which = "session " + args.session if args.session else "sessions whose master is gone"
+    print(f"removed {count} job(s) of {which} on backend {rt.backend}")
+    return 0

@@ -1,0 +1,163 @@
+"""The ``fiber`` command on the local backend, run as a user runs it: a subprocess, its exit code, its output."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from fibercore.cli import COMMANDS
+from fibercore.testing.cli import fiber, fiber_command, interrupt_when
+
+APP = '''
+import sys, time
+import fibercore as mp
+
+def square(x):
+    return x * x
+
+if __name__ == "__main__":
+    with mp.Pool(2) as pool:
+        print("squares", pool.map(square, range(6)), flush=True)
+    if sys.argv[1:] == ["wait"]:
+        with mp.Pool(2) as pool:
+            print("waiting", flush=True)
+            pool.map(time.sleep, [120, 120])
+    sys.exit(int(sys.argv[1]) if sys.argv[1:] and sys.argv[1].isdigit() else 0)
+'''
+
+LOCAL = {"FIBER_BACKEND": "local"}
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    (tmp_path / "app.py").write_text(APP)
+    return tmp_path
+
+
+def session_processes(session: str) -> list[int]:
+    """Pids of this machine's processes whose environment names ``session``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as fh:
+                    if f"FIBER_SESSION={session}".encode() in fh.read().split(b"\0"):
+                        found.append(int(entry))
+            except OSError:
+                pass
+    return found
+
+
+def test_run_prints_the_programs_output_and_returns_its_exit_code(project):
+    done = fiber("run", "--", "python", "app.py", cwd=project, env=LOCAL)
+    assert done.returncode == 0, done.stderr
+    assert "squares [0, 1, 4, 9, 16, 25]" in done.stdout
+    assert re.search(r"fiber run: session [0-9a-f]+, master job \d+ on local", done.stderr)
+    done = fiber("run", "--", "python", "app.py", "7", cwd=project, env=LOCAL)
+    assert done.returncode == 7 and "squares" in done.stdout
+
+
+def test_ctrl_c_stops_the_master_and_every_job_of_its_session(project):
+    code, out, err = interrupt_when(["run", "--", "python", "app.py", "wait"], "waiting", cwd=project, env=LOCAL)
+    assert code == 130, err
+    session = re.search(r"session ([0-9a-f]+)", err).group(1)
+    assert "stopping the master" in err
+    deadline = time.monotonic() + 10
+    while session_processes(session) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert session_processes(session) == []
+
+
+def test_ps_logs_cp_and_stop_find_a_running_session_from_another_process(project, tmp_path_factory):
+    proc = subprocess.Popen([*fiber_command(), "run", "--", "python", "app.py", "wait"], cwd=project,
+                            env={**os.environ, **LOCAL}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if "waiting" in line:
+                break
+        listed = fiber("ps", env=LOCAL)
+        assert listed.returncode == 0
+        rows = [line.split() for line in listed.stdout.splitlines()[1:]]
+        masters = [r for r in rows if r[2] == "master"]
+        assert len(masters) == 1, listed.stdout
+        session, master = masters[0][0], masters[0][1]
+        workers = [r for r in rows if r[0] == session and r[2].startswith("Pool-")]
+        assert len(workers) == 2 and all(r[3] == "running" for r in workers), listed.stdout
+        assert fiber("ps", "--session", "nope", env=LOCAL).stdout.startswith("no fiber jobs")
+        # cp into and out of the master's working directory
+        src = tmp_path_factory.mktemp("cp") / "note.txt"
+        src.write_text("hello job")
+        assert fiber("cp", str(src), f"{master}:copied.txt", env=LOCAL).returncode == 0
+        assert (project / "copied.txt").read_text() == "hello job"
+        back = src.parent / "back.txt"
+        assert fiber("cp", f"{master}:app.py", str(back), env=LOCAL).returncode == 0
+        assert back.read_text() == APP
+        bad = fiber("cp", "a.txt", "b.txt", env=LOCAL)
+        assert bad.returncode == 2 and "exactly one of SRC and DST must be JOB:PATH" in bad.stderr
+        logs = fiber("logs", master, env=LOCAL)
+        assert logs.returncode == 2 and "terminal of the master" in logs.stderr
+        stopped = fiber("stop", session, env=LOCAL)
+        assert stopped.returncode == 0 and f"of session {session}" in stopped.stdout
+        assert proc.wait(30) == 128 + 15  # the master ended by SIGTERM, as the run reports
+        deadline = time.monotonic() + 10
+        while session_processes(session) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert session_processes(session) == []
+        assert fiber("stop", session, env=LOCAL).returncode == 1  # nothing left to stop
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["run", "--env", "1BAD=x", "--", "python", "app.py"], "--env '1BAD=x' is not NAME=VALUE"),
+    (["run", "--env", "NOEQUALS", "--", "python", "app.py"], "is not NAME=VALUE"),
+    (["run", "--backend", "nosuch", "--", "python", "app.py"], "unknown fibercore backend 'nosuch'"),
+    (["run"], "no program to run: give it after --"),
+    (["run", "--detach", "--", "python", "app.py"], "--detach needs a cluster backend"),
+    (["run", "--push", "127.0.0.1:5000", "--", "python", "app.py"], "--push pushes the image --build makes"),
+    (["config", "no_such_key"], "unknown fibercore config key 'no_such_key'"),
+    (["logs", "999999999"], "no job '999999999'"),
+])
+def test_bad_input_is_one_line_naming_the_fix_and_exit_code_2(project, args, message):
+    done = fiber(*args, cwd=project, env=LOCAL)
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert message in done.stderr and "Traceback" not in done.stderr
+
+
+def test_config_says_where_each_value_came_from(tmp_path):
+    (tmp_path / ".fiberconfig").write_text("[default]\nstart_timeout = 33\n")
+    done = fiber("config", cwd=tmp_path, env={**LOCAL, "FIBER_POOL_PROCESSES": "3"})
+    assert done.returncode == 0
+    assert "pool_processes = 3  (environment variable FIBER_POOL_PROCESSES; fibercore)" in done.stdout
+    assert re.search(r"start_timeout = 33.0  \(.*\.fiberconfig.*\)", done.stdout), done.stdout
+    everything = fiber("config", "--all", cwd=tmp_path, env=LOCAL).stdout
+    assert "heartbeat_interval = 2.0  (default; fibercore)" in everything
+    assert "local_echo_output = True  (default; fiber-local)" in everything
+
+
+def test_doctor_checks_the_local_backend(tmp_path):
+    done = fiber("doctor", "--backend", "local", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout
+    assert "ok   /dev/shm writable" in done.stdout and "no problems found" in done.stdout
+
+
+def test_doctor_names_the_fix_for_what_fails():
+    done = fiber("doctor", "--backend", "docker", env={"DOCKER_HOST": "unix:///nonexistent/docker.sock"})
+    assert done.returncode == 1
+    assert "no   Docker daemon reachable" in done.stdout and "fix: start dockerd" in done.stdout
+
+
+def test_every_command_has_help_and_backends_lists_plugins():
+    for command in COMMANDS:
+        done = fiber(command, "--help")
+        assert done.returncode == 0 and f"usage: fiber {command}" in done.stdout
+    listed = fiber("backends", env=LOCAL)
+    assert listed.returncode == 0 and "fiber-local" in listed.stdout and "contract 2" in listed.stdout
