@@ -146,9 +146,31 @@ def main(args: argparse.Namespace) -> int:
     print(f"fiber run: session {rt.session}, master job {job.jid} on {rt.backend}"
           + (f" ({image})" if image else ""), file=sys.stderr, flush=True)
     if args.detach:
-        print(rt.session)
-        return 0
+        return _detach(rt, job)
     return _attend(rt, job, args.grace)
+
+
+def _detach(rt: Any, job: Any) -> int:
+    """Wait until the master runs (or ended), print the session, and leave without the exit
+    handlers that would stop the jobs this process started (the master is one of them)."""
+    from fibercore.types import JobStatus
+
+    deadline = time.monotonic() + float(rt.config.get("start_timeout") or 120)
+    status = rt.plugins.job_status(job)
+    while status is JobStatus.PENDING and time.monotonic() < deadline:
+        time.sleep(0.2)
+        status = rt.plugins.job_status(job)
+    if status is JobStatus.EXITED:
+        code = rt.plugins.wait_job(job, 5)
+        print(f"fiber run: the master ended at once (exit code {code}):\n{rt.plugins.job_logs(job)}",
+              file=sys.stderr)
+        return 1
+    print(rt.session)
+    print(f"fiber run: detached; `fiber ps --session {rt.session}`, `fiber logs {rt.session}`, "
+          f"`fiber stop {rt.session}`", file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _attend(rt: Any, job: Any, grace: float) -> int:

@@ -43,3 +43,38 @@ def interrupt_when(args: list[str], ready: str, *, cwd: str | Path | None = None
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=timeout)
     return proc.returncode, "".join(seen) + out, err
+
+
+DEMO_APP = '''\
+"""A small fibercore program with a local module and a requirement, for fiber run's tests."""
+import sys
+import time
+
+import fibercore as mp
+from mylib.work import square
+
+try:
+    import six  # from requirements.txt, when the image installed it
+    extra = "six " + six.__version__
+except ImportError:
+    extra = "no six"
+
+if __name__ == "__main__":
+    with mp.Pool(2) as pool:
+        print("squares", pool.map(square, range(6)), extra, flush=True)
+        if sys.argv[1:] == ["wait"]:
+            print("waiting", flush=True)
+            pool.map(time.sleep, [600, 600])
+    sys.exit(int(sys.argv[1]) if sys.argv[1:] and sys.argv[1].isdigit() else 0)
+'''
+
+
+def write_demo_project(directory: str | Path, requirement: str = "six==1.16.0") -> Path:
+    """``app.py`` + ``mylib/`` + ``requirements.txt`` in ``directory``: what `fiber run --build` ships."""
+    root = Path(directory)
+    (root / "mylib").mkdir(parents=True, exist_ok=True)
+    (root / "app.py").write_text(DEMO_APP)
+    (root / "mylib" / "__init__.py").write_text("")
+    (root / "mylib" / "work.py").write_text("def square(x):\n    return x * x\n")
+    (root / "requirements.txt").write_text(requirement + "\n")
+    return root

@@ -276,12 +276,26 @@ class Engine:
             pass
 
     def cleanup(self, session: str | None) -> int:
-        """Remove every container of ``session`` (any fiber session when None)."""
+        """Remove every container of ``session`` (any fiber session when None).
+
+        A master (``fiber-process=master``, one ``fiber run`` started) goes first, so it
+        cannot replace the workers removed after it; later passes catch a container a
+        master created while the listing ran.
+        """
         label = f"fiber-session={session}" if session else "fiber-session"
         count = 0
-        for info in self.api.containers(all=True, filters={"label": label}):
+        masters = self.api.containers(all=True, filters={"label": [label, "fiber-process=master"]})
+        for info in masters:
             self._remove_quietly(info["Id"])
             count += 1
+        for attempt in range(5):
+            found = self.api.containers(all=True, filters={"label": label})
+            for info in found:
+                self._remove_quietly(info["Id"])
+                count += 1
+            if not found or not masters:
+                break
+            time.sleep(0.2 * (attempt + 1))
         return count
 
     # -- operations (the fiber command, from any process) ------------------------------

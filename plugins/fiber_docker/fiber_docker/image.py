@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from fiber_docker import DEFAULT_IMAGE
+from fibercore.errors import FiberError
 
 DEFAULT_TAG = DEFAULT_IMAGE
 DEFAULT_BASE = "python:3.11-slim"
@@ -42,8 +43,8 @@ _OWN_DISTS = {"fibercore", "fiber-local", "fiber-docker", "fiber-k8s", "fiber-aw
 _SKIP_DIRS = {"__pycache__", "tests", "build", "dist", ".venv", ".git", ".pytest_cache", ".ruff_cache"}
 
 
-class ImageBuildError(RuntimeError):
-    """The image could not be built; the message says which step and why."""
+class ImageBuildError(RuntimeError, FiberError):
+    """The image could not be built or pushed; the message says which step and why."""
 
 
 def dockerfile_text() -> str:

@@ -118,12 +118,17 @@ def build_project_image(directory: str | os.PathLike[str], *, base: str | None,
             ca = _default_ca_bundle()
             (ctx / ".fiber-build-ca.crt").write_bytes(Path(ca).read_bytes() if ca else b"")
         last_error = None
-        for chunk in client.api.build(path=str(ctx), dockerfile="Dockerfile" if own_dockerfile else "Dockerfile.fiber",
-                                      tag=tag, rm=True, forcerm=True, pull=False, network_mode="host", decode=True):
-            if "error" in chunk:
-                last_error = chunk["error"].strip()
+        try:
+            for chunk in client.api.build(path=str(ctx), tag=tag, rm=True, forcerm=True, pull=False,
+                                          dockerfile="Dockerfile" if own_dockerfile else "Dockerfile.fiber",
+                                          network_mode="host", decode=True):
+                if "error" in chunk:
+                    last_error = chunk["error"].strip()
+        except docker.errors.APIError as exc:
+            last_error = str(exc.explanation or exc)
         if last_error is not None or not image_exists(client, tag):
-            raise ImageBuildError(f"docker build of {root} failed: {last_error}")
+            raise ImageBuildError(f"docker build of {root} failed: {last_error} (check the Dockerfile's FROM "
+                                  f"image and RUN steps; `docker build {root}` shows each step)")
     return tag
 
 
