@@ -198,11 +198,20 @@ def _attend(rt: Any, job: Any, grace: float) -> int:
         if plugins.wait_job(job, grace) is None:
             plugins.terminate_job(job, force=True)
             plugins.wait_job(job, 10)
-        plugins.cleanup_jobs(rt.session)
+        _sweep(plugins, rt.session)
         return 130
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _sweep(plugins: Any, session: str, passes: int = 5) -> None:
+    """Stop every job of ``session``, again while a pass still finds some: a master being
+    stopped may have started one between a backend's listing and its own end."""
+    for attempt in range(passes):
+        if not plugins.cleanup_jobs(session):
+            return
+        time.sleep(0.5 * (attempt + 1))
 
 
 def _copy_out(stream: Any) -> None:

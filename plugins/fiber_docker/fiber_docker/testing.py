@@ -6,6 +6,7 @@ Kubernetes with dockershim).
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -83,7 +84,7 @@ class Registry:
         (root / "data").mkdir(parents=True, exist_ok=True)
         readonly_block = "  maintenance:\n    readonly:\n      enabled: true\n" if readonly else ""
         (root / "config.yml").write_text(
-            "version: 0.1\nlog:\n  level: warn\n  accesslog:\n    disabled: true\n"
+            "version: 0.1\nlog:\n  level: warn\n"
             f"storage:\n  filesystem:\n    rootdirectory: {root / 'data'}\n  delete:\n    enabled: true\n"
             f"{readonly_block}http:\n  addr: {self.address}\n")
         self._log = open(root / "registry.log", "wb")
@@ -115,6 +116,15 @@ class Registry:
             if exc.code == 404:
                 return []
             raise
+
+    def pulls(self, repository: str) -> int:
+        """Manifest requests (HEAD or GET) for ``repository`` in the access log that came from
+        a daemon pulling (not from the push of the docker SDK): a pull makes one or two."""
+        self._log.flush()
+        lines = Path(self._log.name).read_text(errors="replace").splitlines()
+        return sum(1 for line in lines
+                   if re.search(rf'"(HEAD|GET) /v2/{re.escape(repository)}/manifests/', line)
+                   and "docker-sdk-python" not in line)
 
     def stop(self) -> None:
         if self.proc.poll() is None:

@@ -43,6 +43,10 @@ def in_cluster() -> bool:
     return bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and os.path.exists(os.path.join(SA_DIR, "token"))
 
 
+class OwnerGone(RuntimeError):
+    """The pod of the process that would own a new job is deleted or being deleted."""
+
+
 class PodJob:
     """What the engine knows about one pod it created."""
 
@@ -306,15 +310,26 @@ class Engine:
         try:
             pod = self.core.read_namespaced_pod(pod_name, self.namespace)
         except Exception as exc:
+            if getattr(exc, "status", None) == 404:  # this process's pod was deleted: it is being stopped
+                raise OwnerGone(f"the pod {pod_name} this process runs in was deleted: no job is started that "
+                                "would outlive it") from None
             log.warning("fiber-k8s: no owner for the jobs: cannot read pod %s (%s)", pod_name, exc)
             return None
+        if pod.metadata.deletion_timestamp is not None:
+            raise OwnerGone(f"the pod {pod_name} this process runs in is being deleted: no job is started "
+                            "that would outlive it")
         return {"apiVersion": "v1", "kind": "Pod", "name": pod_name, "uid": pod.metadata.uid}
 
     def cleanup(self, session: str | None) -> int:
         selector = f"fiber-session={session}" if session else "fiber-session"
+        # A master (fiber run's) first, so that it cannot replace the workers deleted after it.
+        masters = self.core.list_namespaced_pod(self.namespace, label_selector=f"{selector},fiber-process=master").items
+        for pod in masters:
+            self._delete(pod.metadata.name, 0)
         pods = self.core.list_namespaced_pod(self.namespace, label_selector=selector).items
         for pod in pods:
             self._delete(pod.metadata.name, 0)
+        pods += [p for p in masters if p.metadata.name not in {q.metadata.name for q in pods}]
         for secret in self.core.list_namespaced_secret(self.namespace, label_selector=selector).items:
             try:
                 self.core.delete_namespaced_secret(secret.metadata.name, self.namespace)
