@@ -78,3 +78,12 @@ def write_demo_project(directory: str | Path, requirement: str = "six==1.16.0") 
     (root / "mylib" / "work.py").write_text("def square(x):\n    return x * x\n")
     (root / "requirements.txt").write_text(requirement + "\n")
     return root
+
+
+def session_of(stderr: str) -> str:
+    """The session id ``fiber run`` reports on its stderr."""
+    import re
+
+    found = re.search(r"fiber run: session ([0-9a-f]+)", stderr)
+    assert found, f"fiber run reported no session:\n{stderr}"
+    return found.group(1)

@@ -11,7 +11,7 @@ import pytest
 from docker_helpers import RUN_LABEL
 from fiber_docker.testing import Registry
 
-from fibercore.testing.cli import fiber, interrupt_when, write_demo_project
+from fibercore.testing.cli import fiber, interrupt_when, session_of, write_demo_project
 
 
 @pytest.fixture(scope="module")
@@ -30,11 +30,6 @@ def env(docker_image: str) -> dict[str, str]:
 def project(tmp_path: Path) -> Path:
     return write_demo_project(tmp_path / "demo")
 
-
-def session_of(stderr: str) -> str:
-    found = re.search(r"fiber run: session ([0-9a-f]+)", stderr)
-    assert found, stderr
-    return found.group(1)
 
 
 def test_run_build_push_ships_the_project_and_returns_its_exit_code(project, registry, env, no_containers_left):

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from fiber_docker.testing import Registry
 
-from fibercore.testing.cli import fiber, interrupt_when, write_demo_project
+from fibercore.testing.cli import fiber, interrupt_when, session_of, write_demo_project
 
 
 @pytest.fixture(scope="module")
@@ -35,11 +35,6 @@ def env(k8s_config: dict[str, Any]) -> dict[str, str]:
 def project(tmp_path: Path) -> Path:
     return write_demo_project(tmp_path / "demo")
 
-
-def session_of(stderr: str) -> str:
-    found = re.search(r"fiber run: session ([0-9a-f]+)", stderr)
-    assert found, stderr
-    return found.group(1)
 
 
 def pods_of(core: Any, session: str) -> list[str]:
