@@ -184,12 +184,15 @@ def _attend(rt: Any, job: Any, grace: float) -> int:
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         stream = plugins.follow_logs(job)
+        output = None
         if stream is not None:
-            threading.Thread(target=_copy_out, args=(stream,), name="fiber-run-output", daemon=True).start()
+            output = threading.Thread(target=_copy_out, args=(stream,), name="fiber-run-output", daemon=True)
+            output.start()
         while not stop.is_set():
             code = plugins.wait_job(job, 0.2)
             if code is not None:
-                time.sleep(0.3)  # the last lines of a streamed output
+                if output is not None:
+                    output.join(30)  # the stream ends once the backend has the last lines
                 sys.stdout.flush()
                 return code if code >= 0 else 128 - code
         print(f"\nfiber run: stopping the master ({job.jid}) and every job of session {rt.session}",

@@ -15,6 +15,8 @@ import json
 import os
 import socket
 import threading
+import time
+from collections.abc import Iterator
 from typing import Any
 
 import pluggy
@@ -176,6 +178,89 @@ class Backend:
             return f"(could not read the logs of Batch job {job.name} from {group}/{job.log_stream}: {exc})"
         text = "\n".join(lines)
         return text[-_LOG_TAIL:]
+
+    # -- operations (the fiber command, from any process) ------------------------------
+    def _summaries(self, session: str | None) -> list[dict[str, Any]]:
+        """ListJobs of the queue for the session's job names, every status."""
+        queue = self.cfg.get("aws_job_queue")
+        if not queue:
+            return []
+        batch = self.clients("batch")
+        pattern = f"fiber-{session}-*" if session else "fiber-*"
+        kwargs: dict[str, Any] = {"jobQueue": queue, "filters": [{"name": "JOB_NAME", "values": [pattern]}]}
+        out: list[dict[str, Any]] = []
+        while True:
+            page = batch.list_jobs(**kwargs)
+            out += page.get("jobSummaryList", [])
+            if not page.get("nextToken"):
+                return out
+            kwargs["nextToken"] = page["nextToken"]
+
+    def list_jobs(self, session: str | None) -> list[Any]:
+        from fibercore.types import JobInfo, JobStatus
+
+        ids = [s["jobId"] for s in self._summaries(session)]
+        out = []
+        for i in range(0, len(ids), 100):  # DescribeJobs takes 100 ids: the tags, image, exit code
+            for job in self._describe(ids[i:i + 100]):
+                tags = job.get("tags") or {}
+                state = job.get("status", "")
+                status = (JobStatus.RUNNING if state == "RUNNING" else JobStatus.EXITED
+                          if state in ("SUCCEEDED", "FAILED") else JobStatus.PENDING)
+                container = job.get("container") or {}
+                created = job.get("createdAt")
+                out.append(JobInfo(jid=job["jobId"], backend=NAME, session=tags.get("fiber-session", "?"),
+                                   name=tags.get("fiber-process", job.get("jobName", "?")), status=status,
+                                   image=container.get("image"), exitcode=container.get("exitCode"),
+                                   created=created / 1000 if created else None))
+        return out
+
+    def job_by_id(self, jid: str) -> Any:
+        """A tracker record for Batch job ``jid`` of a fiber session, or None."""
+        from fiber_aws.tracker import BatchJob
+
+        try:
+            described = self._describe([jid])
+        except Exception:
+            return None
+        if not described or not described[0].get("jobName", "").startswith("fiber-"):
+            return None
+        job = BatchJob(jid, described[0]["jobName"])
+        job.update(described[0])
+        return job
+
+    def follow(self, job: Any) -> Iterator[str]:
+        """The job's CloudWatch log events as they arrive, until the job has ended."""
+        group = self.cfg.get("aws_log_group") or "/aws/batch/job"
+        logs = self.clients("logs")
+        token: str | None = None
+        drains = 0
+        interval = float(self.cfg.get("aws_poll_interval") or 1.0)
+        while True:
+            finished = job.done.is_set()
+            if job.log_stream is None and not finished:
+                job.done.wait(interval)
+                continue
+            while job.log_stream is not None:
+                kwargs: dict[str, Any] = {"logGroupName": group, "logStreamName": job.log_stream, "startFromHead": True}
+                if token:
+                    kwargs["nextToken"] = token
+                try:
+                    page = logs.get_log_events(**kwargs)
+                except Exception:
+                    break  # the stream is not there yet
+                for event in page.get("events", []):
+                    yield event.get("message", "") + "\n"
+                if not page.get("events") or page.get("nextForwardToken") == token:
+                    break
+                token = page.get("nextForwardToken")
+            if finished:
+                if token is None and drains < 10:  # Batch (and moto) may write the last events late
+                    drains += 1
+                    time.sleep(0.5)
+                    continue
+                return
+            job.done.wait(interval)
 
     def cleanup(self, session: str | None) -> int:
         """Terminate the active jobs of ``session`` (every fiber session when None), delete its secrets."""
@@ -381,3 +466,48 @@ def fiber_job_secret(session: str, config: Any) -> str | None:
     if not name:
         return None
     return secret.fetch(Clients(config)("ssm"), name)
+
+
+@hookimpl
+def fiber_list_jobs(session: str | None, config: Any) -> list[Any]:
+    return backend(config).list_jobs(session)
+
+
+@hookimpl
+def fiber_read_job_logs(jid: str, config: Any) -> str | None:
+    b = backend(config)
+    job = b.job_by_id(jid)
+    return None if job is None else b.logs(job)
+
+
+@hookimpl
+def fiber_follow_logs(job: Any, config: Any) -> Any:
+    b = _batch_job(job)
+    if b is None:
+        return None
+    return backend(config).follow(b)
+
+
+@hookimpl
+def fiber_doctor(config: Any) -> list[Any]:
+    from fibercore.types import Check
+
+    checks = []
+    queue = config.get("aws_job_queue")
+    try:
+        b = backend(config)
+        found = b.clients("batch").describe_job_queues(jobQueues=[queue] if queue else [])["jobQueues"]
+        checks.append(Check(NAME, "AWS Batch reachable with these credentials", True,
+                            config.get("aws_endpoint_url") or f"region {config.get('aws_region') or 'default'}"))
+    except Exception as exc:
+        return [Check(NAME, "AWS Batch reachable with these credentials", False, f"{type(exc).__name__}: {exc}",
+                      "set credentials (AWS_PROFILE / aws_profile, or the environment) and aws_region")]
+    state = next((q for q in found if queue in (q.get("jobQueueName"), q.get("jobQueueArn"))), None)
+    checks.append(Check(NAME, "job queue", bool(state and state.get("state") == "ENABLED"),
+                        f"{queue}: {state.get('state') + ', ' + state.get('status', '') if state else 'not found'}"
+                        if queue else "aws_job_queue is not set",
+                        "create a Batch job queue and set aws_job_queue (FIBER_AWS_JOB_QUEUE) to its name"))
+    image = config.get("image") or config.get("default_image")
+    checks.append(Check(NAME, "worker image set", bool(image or config.get("aws_job_definition")), image or "",
+                        "set image= to an image the compute environment can pull (ECR), or aws_job_definition"))
+    return checks
