@@ -60,7 +60,7 @@ _LAZY: dict[str, tuple[str, str]] = {
             "Value", "Array", "RawValue", "RawArray",
             "Pipe", "Manager", "cpu_count", "get_context", "get_start_method", "set_start_method",
             "get_all_start_methods", "freeze_support", "set_executable",
-            "allow_connection_pickling", "get_logger", "log_to_stderr",
+            "allow_connection_pickling", "get_logger", "log_to_stderr", "set_forkserver_preload", "reducer",
         )
     },
 }
@@ -167,9 +167,11 @@ __all__ = [
     "log_to_stderr",
     "meta",
     "parent_process",
+    "reducer",
     "register_plugin",
     "reset",
     "set_executable",
+    "set_forkserver_preload",
     "set_start_method",
     "unregister_plugin",
 ]

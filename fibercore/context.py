@@ -171,6 +171,21 @@ class FiberContext:
         init(python_exe=os.fsdecode(executable))
 
     @staticmethod
+    def set_forkserver_preload(module_names: list[str]) -> None:
+        """Accepted for compatibility: jobs start fresh interpreters, not from a fork server."""
+        if not all(isinstance(name, str) for name in module_names):
+            raise TypeError("module_names must be a list of strings")
+
+    @property
+    def reducer(self) -> Any:
+        """multiprocessing's ``reduction`` module, as ``multiprocessing.reducer`` is: its
+        ``ForkingPickler.register`` does not reach fibercore's serializer (cloudpickle, where
+        ``copyreg`` registrations and ``__reduce__`` apply)."""
+        from multiprocessing import reduction
+
+        return reduction
+
+    @staticmethod
     def allow_connection_pickling() -> None:
         """Connections and queues always pickle (their addresses travel)."""
 

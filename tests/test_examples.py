@@ -65,6 +65,7 @@ def test_process_pool_executor_with_fibercores_context(tmp_path):
     ("quickstart.py", r"pi"),
     ("pool_progress.py", r"500"),
     ("es.py", r"generation"),
+    ("ring_allreduce.py", r"all members done"),
 ])
 def test_the_other_examples_run(tmp_path, name, expect):
     out = run(EXAMPLES / name, cwd=tmp_path)

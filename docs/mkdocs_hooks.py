@@ -1,0 +1,135 @@
+"""mkdocs hooks: the generated parts of the site, from the code itself.
+
+A page asks for generated content with an HTML comment marker (left as is on GitHub):
+
+- ``<!-- fiber:options PLUGIN -->``: the configuration keys ``PLUGIN`` declares (``fibercore``
+  for the core, ``fiber-docker``...), as a table: key, type, default, variable, meaning.
+- ``<!-- fiber:hooks -->``: every hook of ``fibercore/hookspecs.py``: signature, calling
+  rule and docstring.
+- ``<!-- fiber:cli -->``: ``fiber COMMAND --help`` of every command.
+- ``<!-- fiber:include PATH -->``: a file of the repository (a plugin's README), its
+  relative links turned into plain paths (they point outside the site).
+
+So an option, hook or command added to the code is on the site at the next build, and
+``tests/test_docs.py`` fails when one has no documentation at all.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import inspect
+import io
+import re
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+MARKER = re.compile(r"<!-- fiber:(options|hooks|cli|include)\s*([^>]*?)\s*-->")
+
+
+def all_options() -> list[Any]:
+    """The core's options, then each installed backend's (entry points fiber.backends)."""
+    from fibercore.config import CORE_OPTIONS
+    from fibercore.plugins import BACKENDS_GROUP, installed
+
+    options = list(CORE_OPTIONS)
+    seen = set()
+    for info in installed(BACKENDS_GROUP):
+        module = importlib.import_module(info.value.split(":")[0])
+        if module.__name__ in seen or not hasattr(module, "fiber_config_options"):
+            continue
+        seen.add(module.__name__)
+        options += module.fiber_config_options()
+    return options
+
+
+def options_table(plugin: str) -> str:
+    rows = [o for o in all_options() if o.plugin == plugin]
+    if not rows:
+        raise ValueError(f"no configuration keys declared by {plugin!r} (is it installed?)")
+    out = ["| key | type | default | environment | meaning |", "|---|---|---|---|---|"]
+    for o in rows:
+        default = "—" if o.default is None else f"`{o.default!r}`"
+        choices = f" One of {', '.join(f'`{c}`' for c in o.choices)}." if o.choices else ""
+        text = (o.help + choices).replace("|", "\\|")
+        out.append(f"| `{o.name}` | {o.type_name} | {default} | `FIBER_{o.name.upper()}` | {text} |")
+    return "\n".join(out)
+
+
+def hook_specs() -> list[tuple[str, Any, dict[str, Any]]]:
+    """(name, function, spec options) of every hook, in the file's order."""
+    from fibercore import hookspecs
+
+    found = []
+    for name, func in vars(hookspecs).items():
+        if name.startswith("fiber_") and callable(func):
+            opts = getattr(func, "fiber_spec", None) or {}
+            found.append((name, func, opts))
+    return found
+
+
+def hooks_reference() -> str:
+    out = []
+    for name, func, opts in hook_specs():
+        rule = "first non-None result wins" if opts.get("firstresult") else "every plugin is called"
+        signature = str(inspect.signature(func)).replace("'", "")
+        doc = inspect.cleandoc(func.__doc__ or "").replace(":param ", "- `").replace(":return:", "\n**Returns:**")
+        doc = re.sub(r"- `(\w+):", r"- `\1`:", doc).replace(":raises Exception:", "\n**Raises:**")
+        out.append(f"### `{name}`\n\n```python\ndef {name}{signature}\n```\n\n*{rule}.*\n\n{doc}\n")
+    return "\n".join(out)
+
+
+def cli_reference() -> str:
+    from fibercore.cli import COMMANDS, build_parser
+
+    parser = build_parser()
+    subparsers = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
+    out = []
+    for command in COMMANDS:
+        text = io.StringIO()
+        with contextlib.redirect_stdout(text):
+            subparsers.choices[command].print_help()
+        out.append(f"### `fiber {command}`\n\n```text\n{text.getvalue().rstrip()}\n```\n")
+    return "\n".join(out)
+
+
+def include(spec: str) -> str:
+    """A file, or one ``## Section`` of it (``README.md#Security``)."""
+    path, _, section = spec.partition("#")
+    text = (ROOT / path).read_text()
+    if section:
+        found = re.search(rf"^## {re.escape(section)}\n(.*?)(?=^## |\Z)", text, re.M | re.S)
+        if found is None:
+            raise ValueError(f"no section '## {section}' in {path}")
+        text = found.group(1)
+    # A relative link leaves the site: keep its text and show the repository path.
+    base = (ROOT / path).parent
+
+    def plain(match: re.Match[str]) -> str:
+        label, target = match.group(1), match.group(2)
+        if re.match(r"^[a-z]+://", target) or target.startswith("#"):
+            return match.group(0)
+        return f"{label} (`{(base / target).resolve().relative_to(ROOT)}`)"
+
+    text = re.sub(r"\[([^\]]+)\]\(([^)\s]+)\)", plain, text)
+    # A README's own title becomes a section of the page.
+    return text if section else re.sub(r"^# ", "## ", text, count=1, flags=re.M)
+
+
+def expand(markdown: str) -> str:
+    def replace(match: re.Match[str]) -> str:
+        kind, arg = match.group(1), match.group(2)
+        if kind == "options":
+            return options_table(arg)
+        if kind == "hooks":
+            return hooks_reference()
+        if kind == "cli":
+            return cli_reference()
+        return include(arg)
+
+    return MARKER.sub(replace, markdown)
+
+
+def on_page_markdown(markdown: str, **kwargs: Any) -> str:
+    return expand(markdown)

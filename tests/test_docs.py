@@ -1,0 +1,89 @@
+"""The documentation covers the code: a hook, an option, a command, a multiprocessing name or an
+example without its documentation fails here, and the site builds with ``mkdocs build --strict``."""
+
+from __future__ import annotations
+
+import importlib
+import multiprocessing
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import fibercore
+from fibercore.cli import COMMANDS, build_parser
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+sys.path.insert(0, str(DOCS))
+mkdocs_hooks = importlib.import_module("mkdocs_hooks")
+
+
+def test_every_hook_has_a_docstring_and_a_row_in_the_hook_table():
+    table = (DOCS / "hooks.md").read_text()
+    specs = mkdocs_hooks.hook_specs()
+    assert len(specs) >= 20
+    for name, func, _ in specs:
+        assert (func.__doc__ or "").strip(), f"hook {name} has no docstring in hookspecs.py"
+        assert f"| `{name}(" in table, f"hook {name} is not in the table of docs/hooks.md"
+
+
+def test_every_option_has_help_and_its_plugins_page_shows_its_table():
+    pages = {"fibercore": "configuration.md", "fiber-local": "backends/local.md",
+             "fiber-docker": "backends/docker.md", "fiber-k8s": "backends/kubernetes.md",
+             "fiber-aws": "backends/aws.md"}
+    options = mkdocs_hooks.all_options()
+    for option in options:
+        assert option.help.strip(), f"option {option.name} ({option.plugin}) has no help text"
+        assert option.plugin in pages, f"no documentation page for {option.plugin}'s options ({option.name})"
+    for plugin, page in pages.items():
+        text = (DOCS / page).read_text()
+        assert f"<!-- fiber:options {plugin} -->" in text, f"docs/{page} does not show {plugin}'s options"
+        table = mkdocs_hooks.options_table(plugin)
+        for option in (o for o in options if o.plugin == plugin):
+            assert f"| `{option.name}` |" in table
+
+
+def test_every_command_is_documented_and_registered():
+    parser = build_parser()
+    registered = set(next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction").choices)
+    assert registered == set(COMMANDS)
+    text = (DOCS / "cli.md").read_text()
+    for command in COMMANDS:
+        assert f"## fiber {command}\n" in text, f"`fiber {command}` has no section in docs/cli.md"
+
+
+def test_every_multiprocessing_name_is_mapped_and_present():
+    text = (DOCS / "multiprocessing-mapping.md").read_text()
+    rows = re.findall(r"^\| (.+?) \| (supported|differs|not|extra) \|", text, re.M)
+    mapped = {name for cell, _ in rows for name in re.findall(r"`([\w.]+)`", cell)}
+    for name in multiprocessing.__all__:
+        assert name in mapped, f"multiprocessing.{name} is not in docs/multiprocessing-mapping.md"
+        assert hasattr(fibercore, name), f"fibercore has no {name}"
+
+
+def test_every_example_is_listed_and_run_by_the_tests():
+    listed = (DOCS / "examples.md").read_text()
+    tested = (ROOT / "tests" / "test_examples.py").read_text()
+    for path in sorted((ROOT / "examples").glob("*.py")):
+        assert f"`examples/{path.name}`" in listed, f"examples/{path.name} is not in docs/examples.md"
+        assert path.name in tested, f"examples/{path.name} is not run by tests/test_examples.py"
+
+
+def test_the_site_builds_strict(tmp_path):
+    mkdocs = shutil.which("mkdocs", path=str(Path(sys.executable).parent)) or shutil.which("mkdocs")
+    if mkdocs is None:
+        if os.environ.get("CI"):
+            pytest.fail("CI=true but mkdocs is not installed (pip install -e '.[docs]')")
+        pytest.skip("mkdocs is not installed (pip install -e '.[docs]')")
+    done = subprocess.run([mkdocs, "build", "--strict", "-f", str(ROOT / "mkdocs.yml"), "-d", str(tmp_path / "site")],
+                          capture_output=True, text=True, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"}, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    hooks_page = (tmp_path / "site" / "hooks" / "index.html").read_text()
+    assert "fiber_create_job" in hooks_page and "fiber_doctor" in hooks_page
+    assert "docker_network" in (tmp_path / "site" / "backends" / "docker" / "index.html").read_text()
+    assert "Process" in (tmp_path / "site" / "api" / "index.html").read_text()
