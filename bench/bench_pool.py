@@ -239,6 +239,8 @@ def main() -> None:
     parser.add_argument("sections", nargs="*", default=["overhead", "noop", "rtt", "bulk", "startup", "scale"])
     parser.add_argument("--quick", action="store_true", help="smaller scale section (64 workers, 256 clients)")
     parser.add_argument("--workers", type=int, default=256, help="local workers in the scale section")
+    parser.add_argument("--report", metavar="STEM", help="also write STEM.md (the table) and STEM.png (a plot of "
+                                                         "the ratios), e.g. docs/perf/bench_pool")
     args = parser.parse_args()
     print(f"bench_pool on {os.cpu_count()} CPUs, Python {sys.version.split()[0]}", flush=True)
     if "overhead" in args.sections:
@@ -268,9 +270,43 @@ def main() -> None:
         scale_local(64 if args.quick else args.workers)
         scale_clients(256 if args.quick else 1024, 128)
     if ROWS:
-        print("\n| measurement | fibercore | multiprocessing | ratio | target |\n|---|---|---|---|---|")
-        for name, unit, ours, theirs, _better, target in ROWS:
-            print(f"| {name} | {ours:.4g} {unit} | {theirs:.4g} {unit} | {ours / theirs:.3f} | {target} |")
+        print("\n" + table())
+        if args.report:
+            write_report(args.report)
+
+
+def table() -> str:
+    lines = ["| measurement | fibercore | multiprocessing | ratio | target |", "|---|---|---|---|---|"]
+    for name, unit, ours, theirs, _better, target in ROWS:
+        lines.append(f"| {name} | {ours:.4g} {unit} | {theirs:.4g} {unit} | {ours / theirs:.3f} | {target} |")
+    return "\n".join(lines)
+
+
+def write_report(stem: str) -> None:
+    """STEM.md: the table with the machine and date; STEM.png: each row as fibercore's speed
+    relative to multiprocessing (above 1: fibercore is faster), from this run."""
+    import datetime
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    os.makedirs(os.path.dirname(stem) or ".", exist_ok=True)
+    when = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
+    with open(stem + ".md", "w") as fh:
+        fh.write(f"`python bench/bench_pool.py --quick` on {os.cpu_count()} CPUs, Python "
+                 f"{sys.version.split()[0]}, {when}; ratio = fibercore / multiprocessing (spawn).\n\n{table()}\n")
+    names = [r[0] for r in ROWS]
+    speed = [(theirs / ours if better == "lower" else ours / theirs) for _n, _u, ours, theirs, better, _t in ROWS]
+    fig, ax = plt.subplots(figsize=(7, 0.35 * len(ROWS) + 1.2))
+    ax.barh(names[::-1], speed[::-1], color=["tab:green" if v >= 1 else "tab:orange" for v in speed[::-1]])
+    ax.axvline(1.0, color="black", linewidth=0.8)
+    ax.set_xlabel("fibercore's speed relative to multiprocessing (>1: faster)")
+    ax.set_title(f"bench_pool, one run ({os.cpu_count()} CPUs, {when})", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(stem + ".png", dpi=100)
+    print(f"wrote {stem}.md and {stem}.png")
 
 
 if __name__ == "__main__":

@@ -131,6 +131,7 @@ def test_hook_is_documented(hook):
 @pytest.mark.parametrize("hook", HOOKS)
 def test_hook_has_a_test(hook):
     sources = [p.read_text() for p in (ROOT / "tests").glob("test_*.py")]
+    sources += [p.read_text() for p in (ROOT / "plugins").glob("*/tests/test_*.py")]
     sources += [(ROOT / "fibercore" / "testing" / "conformance.py").read_text()]
     calls = {
         "fiber_create_job": "Process(", "fiber_job_status": "job_status", "fiber_wait_job": ".join(",
@@ -138,7 +139,9 @@ def test_hook_has_a_test(hook):
         "fiber_transport": "forged", "fiber_serializer": "fiber_serializer", "fiber_job_started": "fiber_job_started",
         "fiber_job_exited": "fiber_job_exited", "fiber_worker_start": "fiber_worker_start",
         "fiber_detect_backend": "fiber_detect_backend", "fiber_config_options": "local_echo_output",
-        "fiber_cleanup_jobs": "cleanup",
+        "fiber_cleanup_jobs": "cleanup", "fiber_list_jobs": "plugins.list_jobs(",
+        "fiber_read_job_logs": "plugins.read_job_logs(", "fiber_follow_logs": "plugins.follow_logs(",
+        "fiber_copy_files": 'fiber("cp"', "fiber_doctor": "plugins.doctor(",
     }
     needle = calls.get(hook, hook)
     assert any(re.search(re.escape(needle), src) for src in sources), f"no test exercises {hook}"

@@ -17,7 +17,10 @@ on first use.
 
 from typing import Any
 
-__all__ = ["BackendConformance"]
+__all__ = ["BackendConformance", "fiber", "interrupt_when", "session_of", "write_demo_project"]
+
+#: The helpers that run the ``fiber`` command as a user does (fibercore.testing.cli).
+_CLI = ("fiber", "interrupt_when", "session_of", "write_demo_project")
 
 
 def __getattr__(name: str) -> Any:
@@ -25,4 +28,8 @@ def __getattr__(name: str) -> Any:
         from fibercore.testing.conformance import BackendConformance
 
         return BackendConformance
+    if name in _CLI:
+        from fibercore.testing import cli
+
+        return getattr(cli, name)
     raise AttributeError(f"module 'fibercore.testing' has no attribute {name!r}")

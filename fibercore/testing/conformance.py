@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 import pytest
 
 import fibercore as fc
-from fibercore.errors import JobStartError, ProcessError
+from fibercore.errors import ConfigError, JobStartError, ProcessError
 from fibercore.testing.plugin import stop_children
 from fibercore.testing.targets import (
     consume,
@@ -25,6 +25,7 @@ from fibercore.testing.targets import (
     exit_with,
     fill_shared,
     print_marker,
+    print_then_sleep,
     produce,
     raise_error,
     report_environment,
@@ -55,6 +56,10 @@ class BackendConformance:
     #: Exit code a terminated job reports (None: any non-zero code is accepted).
     terminate_exitcode: ClassVar[int | None] = None
     timeout: ClassVar[float] = 60.0
+    #: When ``fiber logs JOB`` (fiber_read_job_logs) can show a job's output: "running" (while
+    #: it runs), "after_exit" (once it ended: moto writes Batch logs then), or "master" (only
+    #: the master that started it has them: the local backend, which says so).
+    logs_from_elsewhere: ClassVar[str] = "running"
 
     @pytest.fixture
     def backend_config(self) -> dict[str, Any]:
@@ -304,6 +309,65 @@ class BackendConformance:
         for p in jobs:
             p.join(self.timeout)
         assert [p.exitcode for p in jobs] == [0, 0]
+
+    # -- operations: what the fiber command asks a backend ---------------------------------------
+    def test_operation_hooks_find_follow_and_check(self) -> None:
+        """fiber_list_jobs finds a running job by its session, fiber_read_job_logs shows its
+        output, fiber_follow_logs (where implemented) streams it, fiber_doctor says all is well."""
+        import threading
+
+        rt = fc.get_runtime()
+        plugins = rt.plugins
+        unhealthy = [c for c in plugins.doctor() if not c.ok]
+        assert unhealthy == [], f"fiber_doctor reports problems with a working backend: {unhealthy}"
+        marker = f"operations-marker-{os.getpid()}-{time.time_ns()}"
+        after_exit = self.logs_from_elsewhere == "after_exit"
+        p = fc.Process(target=print_then_sleep, args=(marker, 3 if after_exit else 60))
+        p.start()
+        job = p._popen.job
+        followed: list[str] = []
+        stream = plugins.follow_logs(job)
+        if stream is not None:
+            threading.Thread(target=lambda: followed.extend(stream), daemon=True).start()
+        try:
+            try:
+                listed = plugins.list_jobs(rt.session)
+            except ConfigError:
+                pytest.skip("the backend does not implement fiber_list_jobs")
+            ours = [info for info in listed if info.jid == job.jid]
+            assert len(ours) == 1, f"fiber_list_jobs({rt.session!r}) did not list {job.jid}: {listed}"
+            assert ours[0].session == rt.session and ours[0].name.lower() == p.name.lower()
+            assert ours[0].status in (JobStatus.PENDING, JobStatus.RUNNING)
+            assert all(info.session == rt.session for info in listed)
+            if self.logs_from_elsewhere == "master":
+                with pytest.raises(Exception, match=r"\w"):
+                    plugins.read_job_logs(job.jid)
+            elif self.logs_from_elsewhere == "running":
+                deadline = time.monotonic() + 30
+                while marker not in plugins.read_job_logs(job.jid) and time.monotonic() < deadline:
+                    time.sleep(0.5)
+                assert marker in plugins.read_job_logs(job.jid)
+            if stream is not None and self.logs_from_elsewhere == "running":
+                deadline = time.monotonic() + 30
+                while marker not in "".join(followed) and time.monotonic() < deadline:
+                    time.sleep(0.2)
+                assert marker in "".join(followed), "fiber_follow_logs did not yield what the job printed"
+        finally:
+            if not after_exit:
+                p.terminate()
+            p.join(self.timeout)
+        if after_exit:
+            deadline = time.monotonic() + 30
+            while marker not in plugins.read_job_logs(job.jid) and time.monotonic() < deadline:
+                time.sleep(0.5)
+            assert marker in plugins.read_job_logs(job.jid)
+        if stream is not None:
+            deadline = time.monotonic() + 30
+            while marker not in "".join(followed) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert marker in "".join(followed), "fiber_follow_logs did not yield what the job printed"
+        with pytest.raises(ConfigError, match="no job"):
+            plugins.read_job_logs("fiber-no-such-job-0")
 
     # -- failures and cleanup -----------------------------------------------------------------------
     def test_start_failure_reports_status_and_logs(self) -> None:

@@ -111,3 +111,8 @@ def sync_party(lock: Any, go: Any, barrier: Any, counter: Any, n: int) -> None:
         with lock:
             counter.value += 1
     barrier.wait()
+
+
+def print_then_sleep(marker: str, seconds: float) -> None:
+    print(marker, flush=True)
+    time.sleep(seconds)

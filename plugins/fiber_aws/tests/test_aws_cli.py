@@ -12,7 +12,7 @@ import pytest
 from aws_helpers import ACTIVE, QUEUE, client
 from fiber_docker.testing import Registry
 
-from fibercore.testing.cli import fiber, session_of, write_demo_project
+from fibercore.testing import fiber, session_of, write_demo_project
 
 
 @pytest.fixture(scope="module")
@@ -66,3 +66,11 @@ def test_a_detached_master_is_stopped_with_its_jobs(tmp_path: Path, env, moto_ur
     while active_jobs(moto_url, session) and time.monotonic() < deadline:
         time.sleep(1)
     assert active_jobs(moto_url, session) == []
+
+
+def test_doctor_checks_batch(env):
+    done = fiber("doctor", "--backend", "aws", env=env)
+    assert done.returncode == 0, done.stdout
+    assert "ok   AWS Batch reachable" in done.stdout and f"ok   job queue: {QUEUE}: ENABLED" in done.stdout
+    no_queue = fiber("doctor", "--backend", "aws", env={**env, "FIBER_AWS_JOB_QUEUE": "fiber-no-such-queue"})
+    assert no_queue.returncode == 1 and "fix: create a Batch job queue" in no_queue.stdout

@@ -17,6 +17,7 @@ class TestAwsBatchBackend(BackendConformance):
     terminate_exitcode = -15  # TerminateJob by terminate(): reported as SIGTERM, as multiprocessing does
     broken_python_exe = "/bin/false"  # exists in the image, is no Python
     timeout = 90.0
+    logs_from_elsewhere = "after_exit"  # moto writes a Batch job's log stream when its container ends
 
     @pytest.fixture
     def backend_config(self, aws_config: dict[str, Any], moto_url: str) -> dict[str, Any]:

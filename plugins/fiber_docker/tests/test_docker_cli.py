@@ -11,7 +11,7 @@ import pytest
 from docker_helpers import RUN_LABEL
 from fiber_docker.testing import Registry
 
-from fibercore.testing.cli import fiber, interrupt_when, session_of, write_demo_project
+from fibercore.testing import fiber, interrupt_when, session_of, write_demo_project
 
 
 @pytest.fixture(scope="module")
@@ -117,3 +117,14 @@ def test_errors_as_a_user_meets_them(project, tmp_path, env, registry, tmp_path_
     assert done.returncode == 2 and "docker build of" in done.stderr and "connection refused" in done.stderr
     assert "check the Dockerfile's FROM image" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_doctor_and_config_with_the_real_daemon(env, docker_image):
+    done = fiber("doctor", "--backend", "docker", env=env)
+    assert done.returncode == 0, done.stdout
+    assert "ok   Docker daemon reachable: Docker " in done.stdout and f"ok   image {docker_image} present" in done.stdout
+    missing = fiber("doctor", "--backend", "docker", env={**env, "FIBER_IMAGE": "fibercore-test/absent:1"})
+    assert missing.returncode == 1 and "fix: build it: python -m fiber_docker.image" in missing.stdout
+    shown = fiber("config", "image", "docker_labels", env=env)
+    assert f"image = '{docker_image}'  (environment variable FIBER_IMAGE; fibercore)" in shown.stdout
+    assert "(environment variable FIBER_DOCKER_LABELS; fiber-docker)" in shown.stdout

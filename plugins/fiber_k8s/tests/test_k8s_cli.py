@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from fiber_docker.testing import Registry
 
-from fibercore.testing.cli import fiber, interrupt_when, session_of, write_demo_project
+from fibercore.testing import fiber, interrupt_when, session_of, write_demo_project
 
 
 @pytest.fixture(scope="module")
@@ -94,3 +94,12 @@ def test_detached_master_is_listed_logged_and_stopped(project, registry, env, co
         assert wait_no_pods(core, session) == []
     finally:
         fiber("stop", session, env=env)
+
+
+def test_doctor_checks_the_cluster(env):
+    done = fiber("doctor", "--backend", "kubernetes", env=env)
+    assert done.returncode == 0, done.stdout
+    assert "ok   Kubernetes API reachable: namespace default" in done.stdout
+    assert "ok   may list pods" in done.stdout and "ok   may list secrets" in done.stdout
+    unreachable = fiber("doctor", "--backend", "kubernetes", env={**env, "FIBER_K8S_KUBECONFIG": "/nonexistent"})
+    assert unreachable.returncode == 1 and "fix: set k8s_kubeconfig" in unreachable.stdout

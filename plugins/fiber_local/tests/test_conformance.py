@@ -6,3 +6,4 @@ from fibercore.testing import BackendConformance
 class TestLocalBackend(BackendConformance):
     backend = "local"
     terminate_exitcode = -15  # SIGTERM, as multiprocessing reports it
+    logs_from_elsewhere = "master"  # a local job prints to its master's terminal only
