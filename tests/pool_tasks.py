@@ -91,3 +91,7 @@ def exit_at(x: int, at: int = 25, code: int = 3) -> int:
     if x == at:
         os._exit(code)
     return x
+
+
+def identity(x: Any) -> Any:
+    return x

@@ -430,3 +430,14 @@ def test_pool_whose_jobs_cannot_start_fails_with_the_job_logs(fresh_runtime, tmp
         with pytest.raises(ProcessError, match="No such file"):
             p.apply(T.square, (1,))
     assert time.monotonic() - t0 < 40
+
+
+def test_big_tasks_and_big_results_crossing_do_not_deadlock():
+    """10 MB tasks out and 10 MB results back at once: the master's dispatcher blocks writing the
+    next task while a worker blocks writing its result; the worker's poller must read meanwhile
+    (found by bench_pool's bulk section, which hung)."""
+    items = [bytes([i]) * (10 << 20) for i in range(12)]
+    with mp.Pool(2) as p:
+        result = p.map_async(T.identity, items, 1)
+        out = result.get(timeout=120)
+    assert [o[:1] for o in out] == [bytes([i]) for i in range(12)] and all(len(o) == 10 << 20 for o in out)

@@ -88,6 +88,7 @@ class _Inbox:
         self.running_since = 0.0  # when the current chunk started; 0 while idle
         self.polling = False  # the poller owns the socket (it is in, or about to enter, a receive)
         self.busy = threading.Event()
+        self.sending = False  # the main thread is sending results (see send())
         self.typical = 0.0  # moving average of chunk durations
 
     def file(self, messages: list[tuple[int, list[Any]]]) -> None:
@@ -132,6 +133,20 @@ class _Inbox:
     def finished_chunk(self) -> None:
         with self.lock:
             self.running_since = 0.0
+            self.sending = False
+
+    def send(self, messages: list[Any]) -> None:
+        """Send results; if the send stalls (the master's socket buffer is full because the
+        master is itself blocked writing the next big task to us), the poller reads that task
+        meanwhile, so that both sides move. Without it, two 10 MB frames crossing deadlock."""
+        with self.lock:
+            self.running_since = time.perf_counter()
+            self.sending = True
+            self.busy.set()
+        try:
+            self.channel.send(messages)
+        finally:
+            self.finished_chunk()
 
     def poll_while_busy(self) -> None:
         """The poller thread: receive for the main thread while a long chunk runs."""
@@ -142,7 +157,7 @@ class _Inbox:
                 if not started:
                     self.busy.clear()
                     continue
-            wait = self.poll_after() - (time.perf_counter() - started)
+            wait = (SEND_POLL_AFTER if self.sending else self.poll_after()) - (time.perf_counter() - started)
             if wait > 0:
                 time.sleep(wait)
                 continue
@@ -181,6 +196,8 @@ POLL_AFTER = 0.05
 POLL_SLOW_FACTOR = 4.0
 #: The poller's receive timeout: how often it checks whether the chunk ended.
 POLL_BLOCK = 0.2
+#: A results send still blocked after this long gets the poller (see _Inbox.send).
+SEND_POLL_AFTER = 0.02
 
 
 def run_worker(address: str, wid: int, initializer: Callable[..., Any] | None,
@@ -228,7 +245,7 @@ def run_worker(address: str, wid: int, initializer: Callable[..., Any] | None,
             stopping = inbox.stopping
         if task is None:
             if outbox:
-                channel.send(outbox)
+                inbox.send(outbox)
                 outbox, out_bytes = [], 0
             if stopping:
                 break
@@ -259,7 +276,7 @@ def run_worker(address: str, wid: int, initializer: Callable[..., Any] | None,
         last = maxtasks is not None and done >= maxtasks
         if (not more or last or elapsed > SHORT_TASK or len(outbox) >= BATCH_COUNT
                 or out_bytes >= BATCH_BYTES or time.perf_counter() - first_buffered > BATCH_AGE):
-            channel.send(outbox)
+            inbox.send(outbox)
             outbox, out_bytes = [], 0
         if last:
             break
