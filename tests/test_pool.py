@@ -441,3 +441,15 @@ def test_big_tasks_and_big_results_crossing_do_not_deadlock():
         result = p.map_async(T.identity, items, 1)
         out = result.get(timeout=120)
     assert [o[:1] for o in out] == [bytes([i]) for i in range(12)] and all(len(o) == 10 << 20 for o in out)
+
+
+def test_big_numpy_arrays_both_ways_with_a_busy_submitter():
+    """The same crossing with numpy buffers (out-of-band pickling), map() run three times
+    back to back as bench_pool's bulk section does: the second deadlock it found had the
+    poller blocked sending RETURNED behind the main thread's results send."""
+    np = pytest.importorskip("numpy")
+    items = [np.full((10 << 20) // 8, i, dtype=np.float64) for i in range(12)]
+    with mp.Pool(2) as p:
+        for _ in range(3):
+            out = p.map_async(T.identity, items, 1).get(timeout=120)
+            assert [float(o[0]) for o in out] == [float(i) for i in range(12)]

@@ -89,10 +89,12 @@ class _Inbox:
         self.polling = False  # the poller owns the socket (it is in, or about to enter, a receive)
         self.busy = threading.Event()
         self.sending = False  # the main thread is sending results (see send())
+        self.returned: list[int] = []  # given back by the poller, reported by the main thread
         self.typical = 0.0  # moving average of chunk durations
 
-    def file(self, messages: list[tuple[int, list[Any]]]) -> None:
-        """Take in one frame's messages (either thread)."""
+    def file(self, messages: list[tuple[int, list[Any]]], reply: bool = True) -> None:
+        """Take in one frame's messages (either thread; the poller passes ``reply=False``:
+        it never writes, since the main thread may hold the socket in a long send)."""
         give_back: list[int] | None = None
         with self.lock:
             for op, parts in messages:
@@ -114,7 +116,29 @@ class _Inbox:
                         self.stopping = True
             self.changed.notify_all()
         if give_back is not None:
-            self.channel.send([(P.RETURNED, [P.ids(give_back)])])
+            if reply:
+                self.channel.send([(P.RETURNED, [P.ids(give_back)])])
+            else:
+                self._return_from_poller(give_back)
+
+    def _return_from_poller(self, give_back: list[int]) -> None:
+        """Report given-back ids now if the socket is free and takes them at once; else the
+        main thread reports them (take_returned). The poller must never block on a write: it
+        is the worker's only reader while the main thread runs or sends."""
+        with self.lock:  # held across the (non-blocking) send: the main thread cannot start one
+            if self.sending:
+                self.returned.extend(give_back)
+                return
+            try:
+                self.channel.send([(P.RETURNED, [P.ids(give_back)])], block=False)
+            except TransportTimeout:
+                self.returned.extend(give_back)
+
+    def take_returned(self) -> list[int]:
+        """Ids the poller gave back (STEAL/STOP) that the main thread must report."""
+        with self.lock:
+            out, self.returned = self.returned, []
+        return out
 
     def poll_after(self) -> float:
         """How long a chunk runs before the poller takes over the socket: longer than
@@ -177,7 +201,7 @@ class _Inbox:
                         self.changed.notify_all()
                     return
                 if messages:
-                    self.file(messages)
+                    self.file(messages, reply=False)
                 with self.lock:
                     self.polling = False
                     self.changed.notify_all()
@@ -239,6 +263,10 @@ def run_worker(address: str, wid: int, initializer: Callable[..., Any] | None,
     first_buffered = 0.0
     done = 0
     while True:
+        given_back = inbox.take_returned()
+        if given_back:  # after the results already computed, so none of them is rerun needlessly
+            inbox.send([*outbox, (P.RETURNED, [P.ids(given_back)])])
+            outbox, out_bytes = [], 0
         with inbox.lock:
             task = inbox.tasks.popleft() if inbox.tasks else None
             more = bool(inbox.tasks)
@@ -285,6 +313,7 @@ def run_worker(address: str, wid: int, initializer: Callable[..., Any] | None,
     with inbox.lock:
         unstarted = [t[0] for t in inbox.tasks]
         inbox.tasks.clear()
+    unstarted += inbox.take_returned()
     try:
         channel.send([*outbox, (P.BYE, [reason, P.ids(unstarted)])])
     except TransportClosed:
