@@ -217,7 +217,9 @@ def fiber_follow_logs(job: Any, config: Any) -> Any:
 def fiber_copy_files(jid: str, config: Any) -> bool | None:
     if not engine(config).is_fiber_pod(jid):
         return None
-    raise RuntimeError(
+    from fibercore.errors import ConfigError
+
+    raise ConfigError(
         "fiber cp into or out of a pod is not implemented by fiber-k8s (it needs exec and tar in the "
         f"image): use `kubectl cp {jid}:PATH DEST`, or a volume (k8s_volumes) the pods write to"
     )

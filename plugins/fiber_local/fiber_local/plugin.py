@@ -330,7 +330,9 @@ def _own_job(jid: str) -> int | None:
 def fiber_read_job_logs(jid: str) -> str | None:
     if _own_job(jid) is None:
         return None
-    raise RuntimeError(
+    from fibercore.errors import ConfigError
+
+    raise ConfigError(
         f"local job {jid} prints to the terminal of the master that started it (with "
         "local_echo_output, the default); the local backend keeps no copy elsewhere. Run the "
         "program with its output redirected to a file to keep it"
