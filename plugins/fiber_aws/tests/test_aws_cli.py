@@ -4,22 +4,16 @@ output comes from CloudWatch Logs, its exit code back; ps, logs and stop find it
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from aws_helpers import ACTIVE, QUEUE, client
-from fiber_docker.testing import Registry
+from fiber_docker.testing import registry_fixture
 
 from fibercore.testing import fiber, session_of, write_demo_project
 
-
-@pytest.fixture(scope="module")
-def registry(tmp_path_factory: Any, moto_url: str) -> Iterator[Registry]:
-    reg = Registry(tmp_path_factory.mktemp("registry"))
-    yield reg
-    reg.stop()
+registry = registry_fixture()  # Debian's docker-registry on 127.0.0.1
 
 
 @pytest.fixture

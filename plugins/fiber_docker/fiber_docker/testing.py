@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 from pathlib import Path
+from typing import Any
 
 
 def in_ci() -> bool:
@@ -135,3 +136,17 @@ class Registry:
                 self.proc.kill()
                 self.proc.wait()
         self._log.close()
+
+
+def registry_fixture() -> Any:
+    """A module-scoped pytest fixture yielding a running :class:`Registry` (stopped by its PID
+    after the module): ``registry = registry_fixture()`` in a test module."""
+    import pytest
+
+    @pytest.fixture(scope="module")
+    def registry(tmp_path_factory: Any) -> Any:
+        reg = Registry(tmp_path_factory.mktemp("registry"))
+        yield reg
+        reg.stop()
+
+    return registry

@@ -3,22 +3,15 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from docker_helpers import RUN_LABEL
-from fiber_docker.testing import Registry
+from fiber_docker.testing import Registry, registry_fixture
 
 from fibercore.testing import fiber, interrupt_when, session_of, write_demo_project
 
-
-@pytest.fixture(scope="module")
-def registry(tmp_path_factory: Any, docker_client: Any) -> Iterator[Registry]:
-    reg = Registry(tmp_path_factory.mktemp("registry"))
-    yield reg
-    reg.stop()
+registry = registry_fixture()  # Debian's docker-registry on 127.0.0.1
 
 
 @pytest.fixture
