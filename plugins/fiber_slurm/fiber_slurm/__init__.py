@@ -1,0 +1,1 @@
+"""fiber-slurm: fibercore jobs as Slurm jobs."""

@@ -1,0 +1,204 @@
+"""Slurm through its command-line tools: ``sbatch`` submits, one ``squeue`` per poll tracks
+every job of this process, ``scontrol`` reads a finished job's exit code, ``scancel`` stops.
+
+Why the commands and not slurmrestd: every Slurm site has them, with the user's own
+credentials (munge); slurmrestd needs JWT set-up that many sites do not enable.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import shlex
+import subprocess
+import threading
+from typing import Any
+
+ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING", "SIGNALING",
+          "STAGE_OUT", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "STOPPED"}
+
+
+class SlurmError(RuntimeError):
+    """A Slurm command failed; the message has its output (Slurm's reason)."""
+
+
+def run(argv: list[str], *, input_text: str | None = None, env: dict[str, str] | None = None,
+        timeout: float = 60) -> str:
+    try:
+        done = subprocess.run(argv, input=input_text, env=env, capture_output=True, text=True, timeout=timeout)
+    except FileNotFoundError:
+        raise SlurmError(f"{argv[0]} is not installed here: fiber-slurm needs Slurm's client commands "
+                         "(apt-get install slurm-client, or load your site's slurm module)") from None
+    if done.returncode != 0:
+        raise SlurmError(f"{shlex.join(argv[:2])}... failed (exit {done.returncode}): "
+                         f"{(done.stderr or done.stdout).strip()}")
+    return done.stdout
+
+
+class SlurmJob:
+    """What the engine knows about one job it submitted."""
+
+    def __init__(self, job_id: str, name: str, output: str) -> None:
+        self.job_id = job_id
+        self.name = name
+        self.output = output
+        self.state = "PENDING"
+        self.exitcode: int | None = None
+        self.terminated: bool | None = None  # None: not by us; False: terminate(); True: kill()
+        self.done = threading.Event()
+
+
+def exit_code_of(text: str, terminated: bool | None, state: str) -> int:
+    """``scontrol show job`` output -> a multiprocessing exit code (negative signal)."""
+    found = re.search(r"\bExitCode=(\d+):(\d+)", text)
+    code, sig = (int(found.group(1)), int(found.group(2))) if found else (0, 0)
+    if sig:
+        return -sig
+    if state == "CANCELLED" and terminated is not None:
+        return -9 if terminated else -15
+    if code > 128 and state == "CANCELLED":
+        return -(code - 128)
+    return code if state != "CANCELLED" or code else -15
+
+
+class Engine:
+    """One per process: submits, polls all jobs in one squeue call, cancels."""
+
+    def __init__(self, cfg: Any) -> None:
+        self.cfg = cfg
+        self.jobs: dict[str, SlurmJob] = {}
+        self.lock = threading.Lock()
+        self.wake = threading.Event()
+        self.closing = False
+        self.spool = os.path.abspath(os.path.expanduser(cfg.get("slurm_spool_dir") or "~/.fibercore/slurm"))
+        os.makedirs(self.spool, mode=0o700, exist_ok=True)
+        self.secret_files: dict[str, str] = {}
+        threading.Thread(target=self._poll, name="fiber-slurm-poll", daemon=True).start()
+
+    # -- submit ---------------------------------------------------------------------------
+    def secret_file(self, session: str, secret_hex: str) -> str:
+        """A 0600 file on the shared spool holding the session secret (never on a command line)."""
+        with self.lock:
+            path = self.secret_files.get(session)
+            if path is None:
+                path = os.path.join(self.spool, f"secret-{session}-{secrets.token_hex(4)}")
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                with os.fdopen(fd, "w") as fh:
+                    fh.write(secret_hex)
+                self.secret_files[session] = path
+        return path
+
+    def submit(self, name: str, argv: list[str], env: dict[str, str], options: list[str], cwd: str | None) -> SlurmJob:
+        output = os.path.join(self.spool, f"{name}-%j.out")
+        script = "#!/bin/sh\nexec " + shlex.join(argv) + "\n"
+        command = ["sbatch", "--parsable", f"--job-name={name}", f"--output={output}", f"--error={output}",
+                   "--export=ALL", *options]
+        if cwd:
+            command.append(f"--chdir={cwd}")
+        job_id = run(command, input_text=script, env=env).strip().split(";")[0]
+        job = SlurmJob(job_id, name, output.replace("%j", job_id))
+        with self.lock:
+            self.jobs[job_id] = job
+        self.wake.set()
+        return job
+
+    # -- track ----------------------------------------------------------------------------
+    def _poll(self) -> None:
+        interval = float(self.cfg.get("slurm_poll_interval") or 0.5)
+        while not self.closing:
+            self.wake.wait(interval)
+            self.wake.clear()
+            with self.lock:
+                ids = [j.job_id for j in self.jobs.values() if not j.done.is_set()]
+            if not ids:
+                continue
+            try:
+                text = run(["squeue", "-h", "-t", "all", "-j", ",".join(ids), "-o", "%i|%T"])
+            except SlurmError:
+                continue  # a transient controller hiccup: next poll
+            states = dict(line.split("|", 1) for line in text.splitlines() if "|" in line)
+            for job_id in ids:
+                job = self.jobs[job_id]
+                state = states.get(job_id)
+                if state is None:
+                    # Gone from squeue (older than MinJobAge): ask scontrol once, else lost.
+                    self._finish(job, "UNKNOWN")
+                    continue
+                job.state = state
+                if state not in ACTIVE:
+                    self._finish(job, state)
+
+    def _finish(self, job: SlurmJob, state: str) -> None:
+        try:
+            text = run(["scontrol", "show", "job", "-o", job.job_id])
+            found = re.search(r"\bJobState=(\w+)", text)
+            state = found.group(1) if found else state
+        except SlurmError:
+            text = ""
+        job.state = state
+        job.exitcode = exit_code_of(text, job.terminated, state) if text else (-9 if job.terminated else 1)
+        job.done.set()
+
+    def wait(self, job: SlurmJob, timeout: float | None) -> int | None:
+        if not job.done.wait(timeout):
+            return None
+        return job.exitcode
+
+    def cancel(self, job: SlurmJob, force: bool) -> None:
+        if job.done.is_set():
+            return
+        if job.terminated is None or force:
+            job.terminated = force
+        argv = ["scancel", job.job_id] if force else ["scancel", "--full", "--signal=TERM", job.job_id]
+        try:
+            run(argv)
+        except SlurmError:
+            pass  # finished meanwhile
+        if not force:  # SIGTERM, then Slurm's own cancel after a grace, as docker stop does
+            grace = float(self.cfg.get("slurm_kill_after") or 10)
+            threading.Timer(grace, lambda: None if job.done.is_set() else self.cancel(job, True)).start()
+        self.wake.set()
+
+    def logs(self, job: SlurmJob) -> str:
+        try:
+            with open(job.output, "rb") as fh:
+                fh.seek(0, os.SEEK_END)
+                fh.seek(max(0, fh.tell() - 64 * 1024))
+                return fh.read().decode("utf-8", "replace")
+        except FileNotFoundError:
+            return f"(Slurm job {job.job_id} has written no output yet; state {job.state})"
+
+    # -- sessions ---------------------------------------------------------------------------
+    def list_named(self, prefix: str) -> list[tuple[str, str, str]]:
+        """(id, name, state) of this user's jobs whose name starts with ``prefix``."""
+        text = run(["squeue", "-h", "-t", "all", "--me", "-o", "%i|%j|%T"])
+        out = []
+        for line in text.splitlines():
+            job_id, name, state = line.split("|", 2)
+            if name.startswith(prefix):
+                out.append((job_id, name, state))
+        return out
+
+    def cleanup(self, session: str | None) -> int:
+        prefix = f"fiber-{session}-" if session else "fiber-"
+        active = [job_id for job_id, _, state in self.list_named(prefix) if state in ACTIVE]
+        if active:
+            run(["scancel", *active])
+        return len(active)
+
+    def close(self) -> None:
+        self.closing = True
+        with self.lock:
+            jobs = [j for j in self.jobs.values() if not j.done.is_set()]
+        if jobs:
+            try:
+                run(["scancel", *[j.job_id for j in jobs]])
+            except SlurmError:
+                pass
+        for path in self.secret_files.values():
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+        self.secret_files.clear()
