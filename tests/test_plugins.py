@@ -26,14 +26,15 @@ def test_local_backend_is_installed_and_default(fresh_runtime):
 
 def test_unknown_backend_lists_installed_and_pip_install(fresh_runtime):
     with pytest.raises(BackendNotFoundError) as info:
-        fibercore.init(backend="slurm")
+        fibercore.init(backend="yarn")
     msg = str(info.value)
-    assert "'slurm'" in msg and "local" in msg and "pip install fiber-slurm" in msg
+    assert "'yarn'" in msg and "local" in msg and "pip install fiber-yarn" in msg
     # the project's own backends are named by their distribution (installed here or not)
     from fibercore.plugins import unknown_backend_message
 
     assert "pip install fiber-k8s" in unknown_backend_message("kubernetes")
     assert "pip install fiber-aws" in unknown_backend_message("aws")
+    assert "pip install fiber-slurm" in unknown_backend_message("slurm")
 
 
 def test_env_backend_selection(fresh_runtime, monkeypatch):

@@ -13,13 +13,17 @@ import secrets
 import shlex
 import subprocess
 import threading
+import time
+from collections.abc import Iterator
 from typing import Any
+
+from fibercore.errors import ProcessError
 
 ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING", "SIGNALING",
           "STAGE_OUT", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "STOPPED"}
 
 
-class SlurmError(RuntimeError):
+class SlurmError(ProcessError):
     """A Slurm command failed; the message has its output (Slurm's reason)."""
 
 
@@ -169,20 +173,83 @@ class Engine:
         except FileNotFoundError:
             return f"(Slurm job {job.job_id} has written no output yet; state {job.state})"
 
+    def follow(self, job: SlurmJob) -> Iterator[str]:
+        """The job's output file as it grows, until the job has ended and the file is read."""
+        offset = 0
+        while True:
+            finished = job.done.is_set()
+            try:
+                with open(job.output, "rb") as fh:
+                    fh.seek(offset)
+                    chunk = fh.read()
+            except FileNotFoundError:
+                chunk = b""
+            if chunk:
+                offset += len(chunk)
+                yield chunk.decode("utf-8", "replace")
+            elif finished:
+                return
+            else:
+                time.sleep(0.2)
+
     # -- sessions ---------------------------------------------------------------------------
-    def list_named(self, prefix: str) -> list[tuple[str, str, str]]:
-        """(id, name, state) of this user's jobs whose name starts with ``prefix``."""
-        text = run(["squeue", "-h", "-t", "all", "--me", "-o", "%i|%j|%T"])
+    def list_named(self, prefix: str) -> list[tuple[str, str, str, str]]:
+        """(id, name, state, node) of this user's jobs whose name starts with ``prefix``."""
+        text = run(["squeue", "-h", "-t", "all", "--me", "-o", "%i|%T|%N|%j"])
         out = []
         for line in text.splitlines():
-            job_id, name, state = line.split("|", 2)
+            job_id, state, node, name = line.split("|", 3)
             if name.startswith(prefix):
-                out.append((job_id, name, state))
+                out.append((job_id, name, state, node))
         return out
+
+    def show(self, job_id: str) -> dict[str, str]:
+        """``scontrol show job -o`` as a dict ({} when Slurm no longer knows the job)."""
+        try:
+            text = run(["scontrol", "show", "job", "-o", job_id])
+        except SlurmError:
+            return {}
+        return dict(re.findall(r"(\w+)=(\S*)", text))
+
+    def list_jobs(self, session: str | None) -> list[Any]:
+        """The jobs of ``session`` (any fiber session when None) as JobInfo records."""
+        from fibercore.types import JobInfo, JobStatus
+
+        out = []
+        for job_id, name, state, node in self.list_named(f"fiber-{session}-" if session else "fiber-"):
+            parts = name.split("-", 2)
+            if len(parts) != 3:
+                continue
+            status = (JobStatus.RUNNING if state == "RUNNING" else JobStatus.PENDING if state in ACTIVE
+                      else JobStatus.EXITED)
+            code = None
+            if status is JobStatus.EXITED:
+                code = exit_code_of(" ".join(f"{k}={v}" for k, v in self.show(job_id).items()), None, state)
+            out.append(JobInfo(jid=job_id, backend="slurm", session=parts[1], name=parts[2], status=status,
+                               host=node or None, exitcode=code))
+        return out
+
+    def read_logs(self, job_id: str) -> str | None:
+        """The output of fiber job ``job_id`` from any process (None: not a fiber job)."""
+        info = self.show(job_id)
+        if not info.get("JobName", "").startswith("fiber-"):
+            return None
+        path = info.get("StdOut", "")
+        try:
+            with open(path, "rb") as fh:
+                return fh.read().decode("utf-8", "replace")
+        except OSError as exc:
+            raise SlurmError(f"the output of Slurm job {job_id} ({path}) cannot be read here: {exc}; "
+                             "fiber logs must run on a node that sees slurm_spool_dir") from None
 
     def cleanup(self, session: str | None) -> int:
         prefix = f"fiber-{session}-" if session else "fiber-"
-        active = [job_id for job_id, _, state in self.list_named(prefix) if state in ACTIVE]
+        found = self.list_named(prefix)
+        # A session's master first (fiber run), so that it cannot start replacements meanwhile.
+        masters = [job_id for job_id, name, state, _ in found if name.endswith("-master") and state in ACTIVE]
+        if masters:
+            run(["scancel", *masters])
+        active = [job_id for job_id, _, state, _ in self.list_named(prefix) if state in ACTIVE]
         if active:
             run(["scancel", *active])
         return len(active)

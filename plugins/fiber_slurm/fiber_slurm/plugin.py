@@ -154,3 +154,50 @@ def fiber_job_logs(job: Any, config: Any) -> str | None:
 @hookimpl
 def fiber_cleanup_jobs(session: str | None, config: Any) -> int:
     return engine(config).cleanup(session)
+
+
+@hookimpl
+def fiber_list_jobs(session: str | None, config: Any) -> list[Any]:
+    return engine(config).list_jobs(session)
+
+
+@hookimpl
+def fiber_read_job_logs(jid: str, config: Any) -> str | None:
+    return engine(config).read_logs(jid) if jid.isdigit() else None
+
+
+@hookimpl
+def fiber_follow_logs(job: Any, config: Any) -> Any:
+    j = _job(job)
+    return None if j is None else engine(config).follow(j)
+
+
+@hookimpl
+def fiber_doctor(config: Any) -> list[Any]:
+    from fiber_slurm.engine import SlurmError, run
+    from fibercore.types import Check
+
+    checks = []
+    try:
+        version = run(["sbatch", "--version"], timeout=10).strip()
+        checks.append(Check(NAME, "Slurm client commands", True, version))
+    except SlurmError as exc:
+        return [Check(NAME, "Slurm client commands", False, str(exc),
+                      "install Slurm's client commands (slurm-client) or load the site's slurm module")]
+    try:
+        parts = run(["sinfo", "-h", "-o", "%P|%a|%D|%T"], timeout=10).split()
+        usable = [p for p in parts if p.split("|")[1] == "up" and p.split("|")[3] not in ("down", "drained")]
+        checks.append(Check(NAME, "slurmctld answers and a partition is up", bool(usable), " ".join(parts),
+                            "ask the cluster's admins: no partition is up with usable nodes"))
+    except SlurmError as exc:
+        checks.append(Check(NAME, "slurmctld answers and a partition is up", False, str(exc),
+                            "check SLURM_CONF and that slurmctld runs (scontrol ping)"))
+    spool = os.path.abspath(os.path.expanduser(config.get("slurm_spool_dir") or "~/.fibercore/slurm"))
+    try:
+        os.makedirs(spool, mode=0o700, exist_ok=True)
+        ok = os.access(spool, os.W_OK)
+    except OSError:
+        ok = False
+    checks.append(Check(NAME, "spool directory writable", ok, spool,
+                        "set slurm_spool_dir to a directory on a file system every node mounts"))
+    return checks
