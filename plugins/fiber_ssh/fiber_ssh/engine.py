@@ -1,0 +1,355 @@
+"""Jobs as processes on SSH hosts: placement by free slots, one ``ssh`` session per job.
+
+Each job is an ``ssh HOST exec PYTHON -c LAUNCHER`` session (the OpenSSH client, so the
+user's ``~/.ssh/config``, agent, ProxyJump and known_hosts apply). The command is fixed code;
+the job's argv, environment and secret go to the launcher as one JSON line on stdin, so
+nothing of them is on a command line or goes through a shell. Sessions to one host share a
+connection (OpenSSH multiplexing) unless ``ssh_multiplex`` is off.
+
+A session that ends without the launcher's exit record lost its host: the job is reported
+killed (-9), the host is skipped for ``ssh_host_retry`` seconds, and a job that had not started
+yet is placed again on another host.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import os
+import shlex
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Any
+
+from fiber_ssh.hosts import Host, hosts_from_config
+from fiber_ssh.remote import LAUNCHER, TOOL
+from fibercore.errors import ConfigError, ProcessError
+
+log = logging.getLogger("fiber_ssh")
+LOG_KEEP = 64 * 1024
+LOST = -signal.SIGKILL
+
+
+class SshError(ProcessError):
+    """An ssh session failed; the message has ssh's own words."""
+
+
+class SshJob:
+    """One job: where it was placed, its session, its output, how it ended."""
+
+    def __init__(self, jid: str, name: str, request: dict[str, Any], slots: int, python: str | None) -> None:
+        self.jid = jid
+        self.name = name
+        self.request = request
+        self.slots = slots
+        self.python = python
+        self.host: Host | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.pid: int | None = None  # on the host
+        self.exitcode: int | None = None
+        self.started = threading.Event()
+        self.done = threading.Event()
+        self.output: collections.deque[bytes] = collections.deque()
+        self.output_size = 0
+        self.tried: set[str] = set()
+        self.cancelled = False
+        self.note = ""
+
+    def keep(self, chunk: bytes) -> None:
+        self.output.append(chunk)
+        self.output_size += len(chunk)
+        while self.output_size > LOG_KEEP and len(self.output) > 1:
+            self.output_size -= len(self.output.popleft())
+
+
+class Engine:
+    """One per process: the hosts, the jobs waiting for a slot, the running sessions."""
+
+    def __init__(self, cfg: Any) -> None:
+        self.cfg = cfg
+        self.hosts = hosts_from_config(cfg.get("ssh_hosts"), cfg.get("ssh_hostfile"))
+        self.lock = threading.RLock()
+        self.pending: collections.deque[SshJob] = collections.deque()
+        self.jobs: dict[str, SshJob] = {}
+        self.echo = bool(cfg.get("ssh_echo_output", True))
+        self.control_dir = tempfile.mkdtemp(prefix="fssh-") if cfg.get("ssh_multiplex", True) else None
+        self.closing = False
+        self._probe_slots()
+
+    # -- ssh ----------------------------------------------------------------------------------
+    def ssh_argv(self, host: Host, command: str, *, batch_tool: bool = False) -> list[str]:
+        """The ``ssh`` command line for ``command`` on ``host`` (options before ``--``)."""
+        cfg = self.cfg
+        argv = ["ssh", "-T", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={int(cfg.get('ssh_connect_timeout') or 10)}",
+                "-o", "ServerAliveInterval=3", "-o", "ServerAliveCountMax=3", "-o", "LogLevel=ERROR"]
+        if self.control_dir:
+            argv += ["-o", "ControlMaster=auto", "-o", f"ControlPath={self.control_dir}/%C",
+                     "-o", "ControlPersist=15"]
+        port = host.port or cfg.get("ssh_port")
+        if port:
+            argv += ["-p", str(port)]
+        if cfg.get("ssh_identity"):
+            argv += ["-i", os.path.expanduser(cfg.get("ssh_identity"))]
+        argv += shlex.split(cfg.get("ssh_options") or "")
+        return [*argv, "--", host.name, command]
+
+    def python_of(self, host: Host, job_python: str | None) -> str:
+        return job_python or host.python or self.cfg.get("ssh_python") or sys.executable
+
+    def tool(self, host: Host, request: dict[str, Any], timeout: float = 20) -> Any:
+        """Run the fixed TOOL program on ``host`` with ``request``; its JSON answer."""
+        python = self.python_of(host, None)
+        argv = self.ssh_argv(host, f"exec {shlex.quote(python)} -c {shlex.quote(TOOL)}")
+        try:
+            done = subprocess.run(argv, input=json.dumps(request) + "\n", capture_output=True, text=True,
+                                  timeout=timeout)
+        except FileNotFoundError:
+            raise SshError("the ssh client is not installed here (apt-get install openssh-client)") from None
+        except subprocess.TimeoutExpired:
+            raise SshError(f"{host.name}: no answer within {timeout:.0f} s") from None
+        if done.returncode != 0:
+            raise SshError(f"{host.name}: ssh failed (exit {done.returncode}): {done.stderr.strip()[-500:]}")
+        return json.loads(done.stdout)
+
+    def _probe_slots(self) -> None:
+        """Hosts listed without ``slots`` get their CPU count (asked in parallel, once)."""
+        def probe(host: Host) -> None:
+            try:
+                host.slots = int(self.tool(host, {"kind": "info"})["cpus"] or 1)
+            except Exception as exc:  # unreachable now: skipped until ssh_host_retry, 1 slot
+                host.slots = 1
+                self._mark_down(host, str(exc))
+
+        threads = [threading.Thread(target=probe, args=(h,)) for h in self.hosts if h.slots is None]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+    def _mark_down(self, host: Host, reason: str) -> None:
+        host.down_until = time.monotonic() + float(self.cfg.get("ssh_host_retry") or 30)
+        host.down_reason = reason
+        log.warning("fiber-ssh: host %s is skipped for %.0f s: %s", host.name,
+                    float(self.cfg.get("ssh_host_retry") or 30), reason)
+
+    # -- placement ------------------------------------------------------------------------------
+    def submit(self, jid: str, name: str, request: dict[str, Any], slots: int, python: str | None) -> SshJob:
+        largest = max(h.slots or 1 for h in self.hosts)
+        if slots > largest:
+            raise ConfigError(f"{name} needs {slots} slots (cpu=) but the largest host has {largest}; "
+                              "ask for fewer CPUs or add slots in ssh_hosts / ssh_hostfile")
+        job = SshJob(jid, name, request, slots, python)
+        with self.lock:
+            self.jobs[jid] = job
+            self.pending.append(job)
+            self._place()
+        return job
+
+    def _choose(self, job: SshJob) -> Host | None:
+        now = time.monotonic()
+        usable = [h for h in self.hosts if h.down_until <= now and (h.slots or 1) - h.used >= job.slots]
+        fresh = [h for h in usable if h.name not in job.tried] or usable
+        return max(fresh, key=lambda h: (h.slots or 1) - h.used, default=None)
+
+    def _place(self) -> None:
+        """Start pending jobs, in order, while a host has room (called under the lock)."""
+        while self.pending and not self.closing:
+            job = self.pending[0]
+            host = self._choose(job)
+            if host is None:
+                job.note = "waiting for a free slot: " + "; ".join(self.describe(h) for h in self.hosts)
+                if any(h.down_until > time.monotonic() for h in self.hosts):
+                    self._retry_later()
+                return
+            self.pending.popleft()
+            self._launch(job, host)
+
+    def _retry_later(self) -> None:
+        wake = min(h.down_until for h in self.hosts) - time.monotonic()
+        timer = threading.Timer(max(0.1, wake), self._replace)
+        timer.daemon = True
+        timer.start()
+
+    def _replace(self) -> None:
+        with self.lock:
+            self._place()
+
+    def describe(self, host: Host) -> str:
+        if host.down_until > time.monotonic():
+            return f"{host.name} down ({host.down_reason})"
+        return f"{host.name} {host.used}/{host.slots} slots used"
+
+    def _launch(self, job: SshJob, host: Host) -> None:
+        host.used += job.slots
+        host.jobs.add(job.jid)
+        job.host = host
+        job.tried.add(host.name)
+        job.note = ""
+        python = self.python_of(host, job.python)
+        request = {**job.request, "argv": [python, *job.request["args"]]}
+        argv = self.ssh_argv(host, f"exec {shlex.quote(python)} -c {shlex.quote(LAUNCHER)}")
+        job.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    start_new_session=True)
+        assert job.proc.stdin is not None
+        try:
+            job.proc.stdin.write(json.dumps(request).encode() + b"\n")
+            job.proc.stdin.flush()
+        except OSError:
+            pass  # the session already ended: the waiter says why
+        threading.Thread(target=self._read_records, args=(job, job.proc), daemon=True,
+                         name=f"fiber-ssh-{job.jid}").start()
+        threading.Thread(target=self._read_stderr, args=(job, job.proc), daemon=True).start()
+
+    # -- a session's streams -------------------------------------------------------------------
+    def _read_records(self, job: SshJob, proc: subprocess.Popen[bytes]) -> None:
+        stream = proc.stdout
+        assert stream is not None
+        exitcode = None
+        while True:
+            head = stream.read(5)
+            if len(head) < 5:
+                break
+            kind, size = head[:1], struct.unpack(">I", head[1:])[0]
+            data = stream.read(size)
+            if kind == b"P":
+                job.pid = int(data)
+                job.started.set()
+            elif kind == b"O":
+                job.keep(data)
+                if self.echo:
+                    sys.stdout.write(data.decode("utf-8", "replace"))
+                    sys.stdout.flush()
+            elif kind == b"X":
+                exitcode = int(data)
+        code = proc.wait()
+        self._ended(job, proc, exitcode, code)
+
+    def _read_stderr(self, job: SshJob, proc: subprocess.Popen[bytes]) -> None:
+        stream = proc.stderr
+        assert stream is not None
+        for chunk in iter(lambda: stream.read1(65536), b""):
+            job.keep(chunk)
+            if self.echo:
+                sys.stderr.write(chunk.decode("utf-8", "replace"))
+                sys.stderr.flush()
+
+    def _ended(self, job: SshJob, proc: subprocess.Popen[bytes], exitcode: int | None, ssh_code: int) -> None:
+        with self.lock:
+            host = job.host
+            assert host is not None
+            host.used -= job.slots
+            host.jobs.discard(job.jid)
+            if exitcode is not None:
+                job.exitcode = exitcode
+            elif job.cancelled:
+                job.exitcode = LOST if job.cancelled == "kill" else -signal.SIGTERM
+            else:
+                tail = b"".join(job.output)[-300:].decode("utf-8", "replace").strip()
+                self._mark_down(host, f"ssh exit {ssh_code}: {tail or 'connection lost'}")
+                if not job.started.is_set() and len(job.tried) < 2 * len(self.hosts):
+                    job.host, job.proc = None, None
+                    self.pending.appendleft(job)  # never ran: try another host
+                    self._place()
+                    return
+                job.exitcode = LOST
+                job.note = f"lost with host {host.name} (ssh exit {ssh_code})"
+            job.done.set()
+            self._place()
+
+    # -- the hook operations --------------------------------------------------------------------
+    def status(self, job: SshJob) -> str:
+        if job.done.is_set():
+            return "exited"
+        return "running" if job.started.is_set() else "pending"
+
+    def wait(self, job: SshJob, timeout: float | None) -> int | None:
+        return job.exitcode if job.done.wait(timeout) else None
+
+    def signal(self, job: SshJob, force: bool) -> None:
+        """SIGTERM/SIGKILL to the job's process group; a job still waiting for a slot just ends."""
+        with self.lock:
+            if job.done.is_set():
+                return
+            if job in self.pending:
+                self.pending.remove(job)
+                job.exitcode = LOST if force else -signal.SIGTERM
+                job.done.set()
+                return
+            job.cancelled = "kill" if force else (job.cancelled or "term")
+            proc = job.proc
+        if proc is None or proc.stdin is None:
+            return
+        try:
+            proc.stdin.write(b"%d\n" % (signal.SIGKILL if force else signal.SIGTERM))
+            proc.stdin.flush()
+        except (OSError, ValueError):
+            pass
+        if force:  # a host that does not answer: end the session, which ends the job
+            threading.Timer(5.0, lambda: job.done.is_set() or proc.kill()).start()
+
+    def logs(self, job: SshJob) -> str:
+        text = b"".join(job.output).decode("utf-8", "replace")
+        return f"{job.note}\n{text}" if job.note else text
+
+    def close(self) -> None:
+        """End every session (each launcher then kills its job) and the shared connections."""
+        with self.lock:
+            self.closing = True
+            sessions = [j.proc for j in self.jobs.values() if j.proc is not None and not j.done.is_set()]
+        for proc in sessions:
+            try:
+                if proc.stdin is not None:
+                    proc.stdin.close()
+            except OSError:
+                pass
+        deadline = time.monotonic() + 3
+        for proc in sessions:
+            try:
+                proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        if self.control_dir:
+            for host in self.hosts:
+                argv = self.ssh_argv(host, "")[:-1]
+                argv.insert(1, "-O")
+                argv.insert(2, "exit")
+                subprocess.run(argv, capture_output=True, timeout=10)
+            shutil.rmtree(self.control_dir, ignore_errors=True)
+
+    # -- sessions, from any process ----------------------------------------------------------
+    def each_host(self, request: dict[str, Any]) -> list[tuple[Host, Any]]:
+        """``request`` to every reachable host's TOOL, in parallel; (host, answer) pairs."""
+        answers: list[tuple[Host, Any]] = []
+
+        def ask(host: Host) -> None:
+            try:
+                answers.append((host, self.tool(host, request)))
+            except SshError as exc:
+                log.warning("fiber-ssh: %s", exc)
+
+        threads = [threading.Thread(target=ask, args=(h,)) for h in self.hosts]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return answers
+
+    def list_jobs(self, session: str | None) -> list[Any]:
+        from fibercore.types import JobInfo, JobStatus
+
+        out = []
+        for host, found in self.each_host({"kind": "list", "prefix": f"{session}." if session else ""}):
+            for pid, jid, name in found:
+                out.append(JobInfo(jid=jid, backend="ssh", session=jid.split(".", 1)[0], name=name,
+                                   status=JobStatus.RUNNING, host=host.name))
+        return out
+
+    def cleanup(self, session: str | None) -> int:
+        return sum(int(n) for _, n in self.each_host({"kind": "stop", "prefix": f"{session}." if session else ""}))

@@ -1,0 +1,105 @@
+"""The programs fiber-ssh runs on a host, sent as ``python -c CODE`` (fixed code, never built
+from user input); what they need (argv, environment, secret, session) comes on stdin as JSON.
+
+``LAUNCHER`` starts one job. Its stdout is a stream of records ``kind (1 byte) + length (4
+bytes, big-endian) + payload``: ``P`` the job's pid (its process group), ``O`` a chunk of the
+job's stdout, ``X`` its exit code (negative: killed by that signal). The job's stderr is the
+launcher's own (the ssh session's stderr). Lines on stdin afterwards are signals for the job's
+process group; end of stdin (the master or its connection is gone) kills the group.
+
+``TOOL`` answers one request from the ``fiber`` command: ``info`` (CPUs, Python, fibercore),
+``list`` and ``stop`` (this user's fiber jobs, found by ``FIBERCORE_SSH_JOB`` in their
+environment, as fiber-local finds its own).
+"""
+
+from __future__ import annotations
+
+LAUNCHER = r'''
+import json, os, signal, struct, subprocess, sys, threading
+out = sys.stdout.buffer
+lock = threading.Lock()
+def send(kind, data):
+    with lock:
+        out.write(kind + struct.pack(">I", len(data)) + data)
+        out.flush()
+spec = json.loads(sys.stdin.buffer.readline())
+env = dict(os.environ)
+env.update(spec["env"])
+env["FIBERCORE_SSH_JOB"] = spec["jid"]
+env["FIBERCORE_SSH_NAME"] = spec["name"]
+r, w = os.pipe()
+os.write(w, ("FIBER_SECRET=%s\n" % spec["secret"]).encode())
+os.close(w)
+env["FIBER_SECRET_FD"] = str(r)
+cwd = spec.get("cwd")
+if not (cwd and os.path.isdir(cwd)):
+    cwd = None
+try:
+    child = subprocess.Popen(spec["argv"], env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                             pass_fds=(r,), start_new_session=True)
+except OSError as exc:
+    sys.stderr.write("fiber-ssh: cannot start %s: %s\n" % (spec["argv"][0], exc))
+    send(b"X", b"127")
+    sys.exit(0)
+os.close(r)
+send(b"P", str(child.pid).encode())
+def signal_group(sig):
+    try:
+        os.killpg(child.pid, sig)
+    except OSError:
+        pass
+def control():
+    for line in sys.stdin.buffer:
+        if line.strip():
+            signal_group(int(line))
+    signal_group(signal.SIGKILL)
+threading.Thread(target=control, daemon=True).start()
+while True:
+    chunk = child.stdout.read1(65536)
+    if not chunk:
+        break
+    send(b"O", chunk)
+code = child.wait()
+signal_group(signal.SIGKILL)
+send(b"X", str(code).encode())
+'''
+
+TOOL = r'''
+import json, os, signal, sys
+request = json.loads(sys.stdin.readline())
+def fiber_jobs():
+    me = os.getuid()
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            if os.stat("/proc/" + pid).st_uid != me:
+                continue
+            with open("/proc/%s/environ" % pid, "rb") as fh:
+                env = dict(kv.split(b"=", 1) for kv in fh.read().split(b"\0") if b"=" in kv)
+        except OSError:
+            continue
+        jid = env.get(b"FIBERCORE_SSH_JOB")
+        if jid and os.getpgid(int(pid)) == int(pid):
+            yield int(pid), jid.decode(), env.get(b"FIBERCORE_SSH_NAME", b"?").decode()
+kind = request["kind"]
+if kind == "info":
+    try:
+        import fibercore
+        version = getattr(fibercore, "__version__", "?")
+    except Exception as exc:
+        version = None
+    print(json.dumps({"cpus": os.cpu_count(), "python": sys.version.split()[0], "fibercore": version}))
+elif kind == "list":
+    print(json.dumps([[pid, jid, name] for pid, jid, name in fiber_jobs() if jid.startswith(request["prefix"])]))
+elif kind == "stop":
+    stopped = 0
+    for pid, jid, name in fiber_jobs():
+        if jid.startswith(request["prefix"]):
+            try:
+                os.killpg(pid, signal.SIGKILL)
+                stopped += 1
+            except OSError:
+                pass
+    print(json.dumps(stopped))
+'''

@@ -1,0 +1,44 @@
+"""Real sshd servers for the ssh backend's tests (sshd.py), keys made per test session."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sshd
+
+
+@pytest.fixture(scope="session")
+def ssh_keys(tmp_path_factory: Any) -> dict[str, Any]:
+    why = sshd.problem()
+    if why:
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(f"CI=true but the ssh tests cannot run: {why}", pytrace=False)
+        pytest.skip(why)
+    state = Path(tmp_path_factory.mktemp("ssh-client"))
+    state.chmod(0o700)
+    public = sshd.keygen(state / "id_ed25519")
+    return {"dir": state, "key": state / "id_ed25519", "public": public, "known_hosts": state / "known_hosts"}
+
+
+@pytest.fixture(scope="session")
+def local_sshd(ssh_keys: dict[str, Any], tmp_path_factory: Any) -> Iterator[sshd.Sshd]:
+    server = sshd.Sshd(Path(tmp_path_factory.mktemp("sshd")), ssh_keys["public"])
+    with open(ssh_keys["known_hosts"], "a") as fh:
+        fh.write(server.known_hosts_line() + "\n")
+    yield server
+    server.stop()
+
+
+def client_options(ssh_keys: dict[str, Any]) -> str:
+    """Strict host key checking against the keys these tests made."""
+    return f"-o StrictHostKeyChecking=yes -o UserKnownHostsFile={ssh_keys['known_hosts']}"
+
+
+@pytest.fixture
+def ssh_config(local_sshd: sshd.Sshd, ssh_keys: dict[str, Any]) -> dict[str, Any]:
+    return {"ssh_hosts": "127.0.0.1:8", "ssh_port": local_sshd.port, "ssh_identity": str(ssh_keys["key"]),
+            "ssh_options": client_options(ssh_keys)}
