@@ -346,7 +346,7 @@ class Engine:
 
         out = []
         for host, found in self.each_host({"kind": "list", "prefix": f"{session}." if session else ""}):
-            for pid, jid, name in found:
+            for _pid, jid, name in found:
                 out.append(JobInfo(jid=jid, backend="ssh", session=jid.split(".", 1)[0], name=name,
                                    status=JobStatus.RUNNING, host=host.name))
         return out
