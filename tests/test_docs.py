@@ -35,7 +35,8 @@ def test_every_hook_has_a_docstring_and_a_row_in_the_hook_table():
 def test_every_option_has_help_and_its_plugins_page_shows_its_table():
     pages = {"fibercore": "configuration.md", "fiber-local": "backends/local.md",
              "fiber-docker": "backends/docker.md", "fiber-k8s": "backends/kubernetes.md",
-             "fiber-aws": "backends/aws.md", "fiber-slurm": "backends/slurm.md"}
+             "fiber-aws": "backends/aws.md", "fiber-slurm": "backends/slurm.md",
+             "fiber-ssh": "backends/ssh.md"}
     options = mkdocs_hooks.all_options()
     for option in options:
         assert option.help.strip(), f"option {option.name} ({option.plugin}) has no help text"

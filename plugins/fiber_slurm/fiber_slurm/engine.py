@@ -161,7 +161,9 @@ class Engine:
             pass  # finished meanwhile
         if not force:  # SIGTERM, then Slurm's own cancel after a grace, as docker stop does
             grace = float(self.cfg.get("slurm_kill_after") or 10)
-            threading.Timer(grace, lambda: None if job.done.is_set() else self.cancel(job, True)).start()
+            timer = threading.Timer(grace, lambda: None if job.done.is_set() else self.cancel(job, True))
+            timer.daemon = True  # the master's exit (close() cancels every job) must not wait for it
+            timer.start()
         self.wake.set()
 
     def logs(self, job: SlurmJob) -> str:

@@ -12,7 +12,7 @@ import pytest
 
 import fibercore as fc
 from fibercore.testing import fiber, session_of
-from fibercore.testing.targets import sleep_for, triple_after
+from fibercore.testing.targets import triple_after
 
 
 @pytest.fixture(autouse=True)
@@ -44,9 +44,14 @@ def test_pool_of_8_jobs_survives_one_scancelled_mid_map(slurm_config: dict[str, 
     assert len(jobs) >= 9, f"no replacement job was submitted: {sorted(jobs)}"
 
 
+@fc.meta(memory=100_000)
+def needs_100_gb() -> None:
+    """Never runs: the test node has 8,000 MiB."""
+
+
 def test_more_memory_than_the_node_has_fails_start_at_once_with_slurms_reason(slurm_config: dict[str, Any]) -> None:
     fc.init(backend="slurm", start_timeout=120, **slurm_config)
-    p = fc.Process(target=fc.meta(memory=100_000)(sleep_for), args=(0,))
+    p = fc.Process(target=needs_100_gb)
     began = time.monotonic()
     with pytest.raises(fc.ProcessError, match="Memory specification can not be satisfied"):
         p.start()

@@ -156,7 +156,8 @@ class Engine:
         now = time.monotonic()
         usable = [h for h in self.hosts if h.down_until <= now and (h.slots or 1) - h.used >= job.slots]
         fresh = [h for h in usable if h.name not in job.tried] or usable
-        return max(fresh, key=lambda h: (h.slots or 1) - h.used, default=None)
+        # The least loaded host (by the share of its slots in use), then the one with most room.
+        return max(fresh, key=lambda h: (1 - h.used / (h.slots or 1), (h.slots or 1) - h.used), default=None)
 
     def _place(self) -> None:
         """Start pending jobs, in order, while a host has room (called under the lock)."""
@@ -292,7 +293,9 @@ class Engine:
         except (OSError, ValueError):
             pass
         if force:  # a host that does not answer: end the session, which ends the job
-            threading.Timer(5.0, lambda: job.done.is_set() or proc.kill()).start()
+            timer = threading.Timer(5.0, lambda: job.done.is_set() or proc.kill())
+            timer.daemon = True
+            timer.start()
 
     def logs(self, job: SshJob) -> str:
         text = b"".join(job.output).decode("utf-8", "replace")

@@ -10,6 +10,7 @@ import socket
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 SSHD = "/usr/sbin/sshd"
 
@@ -17,7 +18,7 @@ CONFIG = """Port {port}
 ListenAddress {address}
 HostKey {state}/host_ed25519
 AuthorizedKeysFile {state}/authorized_keys
-PidFile {state}/sshd.pid
+PidFile {pid_file}
 PasswordAuthentication no
 KbdInteractiveAuthentication no
 PubkeyAuthentication yes
@@ -61,7 +62,8 @@ class Sshd:
         self.port = free_port()
         self.host_public = keygen(state / "host_ed25519")
         (state / "authorized_keys").write_text(client_public + "\n")
-        (state / "sshd_config").write_text(CONFIG.format(port=self.port, address=address, state=state))
+        (state / "sshd_config").write_text(CONFIG.format(port=self.port, address=address, state=state,
+                                                         pid_file=state / "sshd.pid"))
         Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege separation directory
         subprocess.run([SSHD, "-f", str(state / "sshd_config"), "-E", str(state / "sshd.log")], check=True)
         self.pid = self._wait_pid()
@@ -98,3 +100,64 @@ class Sshd:
             except ProcessLookupError:
                 return
             time.sleep(0.05)
+
+
+SSHD_DOCKERFILE = """FROM {base}
+RUN printf '#!/bin/sh\\nexit 101\\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d \\
+ && apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends openssh-server \\
+ && rm -f /usr/sbin/policy-rc.d && rm -rf /var/lib/apt/lists/* && mkdir -p /run/sshd
+"""
+
+
+def sshd_image(client: Any, worker_image: str) -> str:
+    """The worker image plus Debian's openssh-server, built once per worker image."""
+    import io
+
+    worker_id = client.images.get(worker_image).id.split(":")[-1][:12]
+    tag = f"fibercore-test/sshd:{worker_id}"
+    try:
+        client.images.get(tag)
+        return tag
+    except Exception:
+        pass
+    dockerfile = SSHD_DOCKERFILE.format(base=worker_image).encode()
+    client.images.build(fileobj=io.BytesIO(dockerfile), tag=tag, network_mode="host", rm=True)
+    return tag
+
+
+class ContainerSshd:
+    """A second "host": sshd in a container on the docker bridge, with its own address,
+    host key and processes; :meth:`kill` takes the whole host down at once."""
+
+    def __init__(self, client: Any, image: str, state: Path, client_public: str, labels: dict[str, str]) -> None:
+        state.mkdir(parents=True, exist_ok=True)
+        self.port = 22
+        self.host_public = keygen(state / "host_ed25519")
+        (state / "authorized_keys").write_text(client_public + "\n")
+        (state / "sshd_config").write_text(CONFIG.format(port=22, address="0.0.0.0", state="/fiber-ssh",
+                                                         pid_file="/run/sshd.pid"))
+        self.container = client.containers.run(
+            image, ["/usr/sbin/sshd", "-D", "-e", "-f", "/fiber-ssh/sshd_config"], detach=True, labels=labels,
+            volumes={str(state): {"bind": "/fiber-ssh", "mode": "ro"}}, network_mode="bridge")
+        for _ in range(100):
+            self.container.reload()
+            self.address = self.container.attrs["NetworkSettings"]["IPAddress"]
+            if self.address:
+                with socket.socket() as s:
+                    s.settimeout(0.5)
+                    if s.connect_ex((self.address, 22)) == 0:
+                        break
+            time.sleep(0.1)
+        else:
+            raise RuntimeError(f"sshd in the container does not answer: {self.container.logs()[-2000:]!r}")
+        self.gateway = self.container.attrs["NetworkSettings"]["Gateway"]
+
+    def known_hosts_line(self) -> str:
+        return f"{self.address} {self.host_public}"
+
+    def kill(self) -> None:
+        """SIGKILL to the container: its sshd and every process on the "host" die at once."""
+        self.container.kill()
+
+    def remove(self) -> None:
+        self.container.remove(force=True)
