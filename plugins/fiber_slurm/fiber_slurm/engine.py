@@ -48,6 +48,7 @@ class SlurmJob:
         self.name = name
         self.output = output
         self.state = "PENDING"
+        self.reason = ""  # squeue's %r: why it is still pending (Resources, Priority, ...)
         self.exitcode: int | None = None
         self.terminated: bool | None = None  # None: not by us; False: terminate(); True: kill()
         self.done = threading.Event()
@@ -118,18 +119,19 @@ class Engine:
             if not ids:
                 continue
             try:
-                text = run(["squeue", "-h", "-t", "all", "-j", ",".join(ids), "-o", "%i|%T"])
+                text = run(["squeue", "-h", "-t", "all", "-j", ",".join(ids), "-o", "%i|%T|%r"])
             except SlurmError:
                 continue  # a transient controller hiccup: next poll
-            states = dict(line.split("|", 1) for line in text.splitlines() if "|" in line)
+            rows = {row[0]: row for row in (line.split("|", 2) for line in text.splitlines()) if len(row) == 3}
             for job_id in ids:
                 job = self.jobs[job_id]
-                state = states.get(job_id)
+                state = rows[job_id][1] if job_id in rows else None
                 if state is None:
                     # Gone from squeue (older than MinJobAge): ask scontrol once, else lost.
                     self._finish(job, "UNKNOWN")
                     continue
                 job.state = state
+                job.reason = rows[job_id][2]
                 if state not in ACTIVE:
                     self._finish(job, state)
 
@@ -173,7 +175,8 @@ class Engine:
                 fh.seek(max(0, fh.tell() - 64 * 1024))
                 return fh.read().decode("utf-8", "replace")
         except FileNotFoundError:
-            return f"(Slurm job {job.job_id} has written no output yet; state {job.state})"
+            why = f", reason {job.reason}" if job.reason and job.reason != "None" else ""
+            return f"(Slurm job {job.job_id} has written no output yet; state {job.state}{why})"
 
     def follow(self, job: SlurmJob) -> Iterator[str]:
         """The job's output file as it grows, until the job has ended and the file is read."""
