@@ -35,6 +35,7 @@ from fibercore.errors import ConfigError, ProcessError
 log = logging.getLogger("fiber_ssh")
 LOG_KEEP = 64 * 1024
 LOST = -signal.SIGKILL
+_MUX_RACE = b"already exists, disabling multiplexing"
 
 
 class SshError(ProcessError):
@@ -235,10 +236,12 @@ class Engine:
     def _read_stderr(self, job: SshJob, proc: subprocess.Popen[bytes]) -> None:
         stream = proc.stderr
         assert stream is not None
-        for chunk in iter(lambda: stream.read1(65536), b""):
-            job.keep(chunk)
+        for line in iter(stream.readline, b""):
+            if _MUX_RACE in line:
+                continue  # two first sessions raced to open the shared connection: harmless
+            job.keep(line)
             if self.echo:
-                sys.stderr.write(chunk.decode("utf-8", "replace"))
+                sys.stderr.write(line.decode("utf-8", "replace"))
                 sys.stderr.flush()
 
     def _ended(self, job: SshJob, proc: subprocess.Popen[bytes], exitcode: int | None, ssh_code: int) -> None:

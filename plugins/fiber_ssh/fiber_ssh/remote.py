@@ -40,7 +40,7 @@ try:
 except OSError as exc:
     sys.stderr.write("fiber-ssh: cannot start %s: %s\n" % (spec["argv"][0], exc))
     send(b"X", b"127")
-    sys.exit(0)
+    os._exit(0)
 os.close(r)
 send(b"P", str(child.pid).encode())
 def signal_group(sig):
@@ -62,6 +62,7 @@ while True:
 code = child.wait()
 signal_group(signal.SIGKILL)
 send(b"X", str(code).encode())
+os._exit(0)  # not sys.exit: the control thread may be inside a read of stdin
 '''
 
 TOOL = r'''
@@ -69,6 +70,7 @@ import json, os, signal, sys
 request = json.loads(sys.stdin.readline())
 def fiber_jobs():
     me = os.getuid()
+    here = os.readlink("/proc/self/ns/pid")  # a container on this kernel is another host
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
@@ -77,10 +79,11 @@ def fiber_jobs():
                 continue
             with open("/proc/%s/environ" % pid, "rb") as fh:
                 env = dict(kv.split(b"=", 1) for kv in fh.read().split(b"\0") if b"=" in kv)
+            leader = os.getpgid(int(pid)) == int(pid) and os.readlink("/proc/%s/ns/pid" % pid) == here
         except OSError:
-            continue
+            continue  # gone meanwhile, or not ours
         jid = env.get(b"FIBERCORE_SSH_JOB")
-        if jid and os.getpgid(int(pid)) == int(pid):
+        if jid and leader:
             yield int(pid), jid.decode(), env.get(b"FIBERCORE_SSH_NAME", b"?").decode()
 kind = request["kind"]
 if kind == "info":
