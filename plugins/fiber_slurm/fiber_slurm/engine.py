@@ -52,6 +52,7 @@ class SlurmJob:
         self.exitcode: int | None = None
         self.terminated: bool | None = None  # None: not by us; False: terminate(); True: kill()
         self.done = threading.Event()
+        self.engine: Any = None  # the Engine that submitted it
 
 
 def exit_code_of(text: str, terminated: bool | None, state: str) -> int:
@@ -103,6 +104,7 @@ class Engine:
             command.append(f"--chdir={cwd}")
         job_id = run(command, input_text=script, env=env).strip().split(";")[0]
         job = SlurmJob(job_id, name, output.replace("%j", job_id))
+        job.engine = self
         with self.lock:
             self.jobs[job_id] = job
         self.wake.set()

@@ -27,24 +27,28 @@ hookimpl = pluggy.HookimplMarker("fiber")
 FIBER_CONTRACT = 2
 NAME = "slurm"
 
-_engine: Any = None
+#: The engine of each configuration in use: ``fibercore.init(...)`` with other settings gets
+#: its own, while jobs keep the engine that started them.
+ENGINE_KEYS = ("slurm_spool_dir", "slurm_poll_interval", "slurm_kill_after")
+_engines: dict[tuple[Any, ...], Any] = {}
 _lock = threading.Lock()
 
 
 def engine(config: Any) -> Any:
-    global _engine
+    key = tuple(config.get(k) for k in ENGINE_KEYS)
     with _lock:
-        if _engine is None:
+        eng = _engines.get(key)
+        if eng is None:
             from fiber_slurm.engine import Engine
 
-            _engine = Engine(config)
-    return _engine
+            eng = _engines[key] = Engine(config)
+    return eng
 
 
 @atexit.register
 def _at_exit() -> None:
-    if _engine is not None:
-        _engine.close()
+    for eng in list(_engines.values()):
+        eng.close()
 
 
 def _job(job: Any) -> Any:
@@ -133,7 +137,7 @@ def fiber_job_status(job: Any) -> Any:
 @hookimpl
 def fiber_wait_job(job: Any, timeout: float | None, config: Any) -> int | None:
     j = _job(job)
-    return None if j is None else engine(config).wait(j, timeout)
+    return None if j is None else j.engine.wait(j, timeout)
 
 
 @hookimpl
@@ -141,14 +145,14 @@ def fiber_terminate_job(job: Any, force: bool, config: Any) -> bool | None:
     j = _job(job)
     if j is None:
         return None
-    engine(config).cancel(j, force)
+    j.engine.cancel(j, force)
     return True
 
 
 @hookimpl
 def fiber_job_logs(job: Any, config: Any) -> str | None:
     j = _job(job)
-    return None if j is None else engine(config).logs(j)
+    return None if j is None else j.engine.logs(j)
 
 
 @hookimpl
@@ -169,7 +173,7 @@ def fiber_read_job_logs(jid: str, config: Any) -> str | None:
 @hookimpl
 def fiber_follow_logs(job: Any, config: Any) -> Any:
     j = _job(job)
-    return None if j is None else engine(config).follow(j)
+    return None if j is None else j.engine.follow(j)
 
 
 @hookimpl

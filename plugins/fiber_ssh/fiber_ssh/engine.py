@@ -62,6 +62,7 @@ class SshJob:
         self.tried: set[str] = set()
         self.cancelled = False
         self.note = ""
+        self.engine: Any = None  # the Engine that placed it
 
     def keep(self, chunk: bytes) -> None:
         self.output.append(chunk)
@@ -147,6 +148,7 @@ class Engine:
             raise ConfigError(f"{name} needs {slots} slots (cpu=) but the largest host has {largest}; "
                               "ask for fewer CPUs or add slots in ssh_hosts / ssh_hostfile")
         job = SshJob(jid, name, request, slots, python)
+        job.engine = self
         with self.lock:
             self.jobs[jid] = job
             self.pending.append(job)

@@ -24,25 +24,30 @@ hookimpl = pluggy.HookimplMarker("fiber")
 FIBER_CONTRACT = 2
 NAME = "ssh"
 
-_engine: Any = None
+#: The engine of each configuration in use: ``fibercore.init(...)`` with other settings gets
+#: its own, while jobs keep the engine that started them.
+ENGINE_KEYS = ("ssh_hosts", "ssh_hostfile", "ssh_port", "ssh_identity", "ssh_options", "ssh_python",
+                "ssh_connect_timeout", "ssh_host_retry", "ssh_multiplex", "ssh_echo_output")
+_engines: dict[tuple[Any, ...], Any] = {}
 _lock = threading.Lock()
-_numbers = itertools.count(1)
+_numbers = itertools.count(1)  # job ids: SESSION.N
 
 
 def engine(config: Any) -> Any:
-    global _engine
+    key = tuple(config.get(k) for k in ENGINE_KEYS)
     with _lock:
-        if _engine is None:
+        eng = _engines.get(key)
+        if eng is None:
             from fiber_ssh.engine import Engine
 
-            _engine = Engine(config)
-    return _engine
+            eng = _engines[key] = Engine(config)
+    return eng
 
 
 @atexit.register
 def _at_exit() -> None:
-    if _engine is not None:
-        _engine.close()
+    for eng in list(_engines.values()):
+        eng.close()
 
 
 def _job(job: Any) -> Any:
@@ -103,13 +108,13 @@ def fiber_job_status(job: Any) -> Any:
     j = _job(job)
     if j is None:
         return None
-    return {"exited": JobStatus.EXITED, "running": JobStatus.RUNNING}.get(_engine.status(j), JobStatus.PENDING)
+    return {"exited": JobStatus.EXITED, "running": JobStatus.RUNNING}.get(j.engine.status(j), JobStatus.PENDING)
 
 
 @hookimpl
 def fiber_wait_job(job: Any, timeout: float | None, config: Any) -> int | None:
     j = _job(job)
-    return None if j is None else engine(config).wait(j, timeout)
+    return None if j is None else j.engine.wait(j, timeout)
 
 
 @hookimpl
@@ -117,14 +122,14 @@ def fiber_terminate_job(job: Any, force: bool, config: Any) -> bool | None:
     j = _job(job)
     if j is None:
         return None
-    engine(config).signal(j, force)
+    j.engine.signal(j, force)
     return True
 
 
 @hookimpl
 def fiber_job_logs(job: Any, config: Any) -> str | None:
     j = _job(job)
-    return None if j is None else engine(config).logs(j)
+    return None if j is None else j.engine.logs(j)
 
 
 @hookimpl
@@ -144,10 +149,10 @@ def fiber_read_job_logs(jid: str, config: Any) -> str | None:
     session, dot, number = jid.partition(".")
     if not (dot and number.isdigit()):
         return None
-    eng = engine(config)
-    j = eng.jobs.get(jid)
-    if j is not None:
-        return eng.logs(j)
+    for eng in list(_engines.values()):
+        j = eng.jobs.get(jid)
+        if j is not None:
+            return eng.logs(j)
     raise ConfigError(f"the output of ssh job {jid} streams to the terminal of its master (fiber-ssh keeps "
                       "no log files on the hosts); read it there, or redirect the program's output")
 

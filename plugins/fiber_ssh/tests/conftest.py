@@ -33,12 +33,7 @@ def local_sshd(ssh_keys: dict[str, Any], tmp_path_factory: Any) -> Iterator[sshd
     server.stop()
 
 
-def client_options(ssh_keys: dict[str, Any]) -> str:
-    """Strict host key checking against the keys these tests made."""
-    return f"-o StrictHostKeyChecking=yes -o UserKnownHostsFile={ssh_keys['known_hosts']}"
-
-
 @pytest.fixture
 def ssh_config(local_sshd: sshd.Sshd, ssh_keys: dict[str, Any]) -> dict[str, Any]:
     return {"ssh_hosts": "127.0.0.1:8", "ssh_port": local_sshd.port, "ssh_identity": str(ssh_keys["key"]),
-            "ssh_options": client_options(ssh_keys)}
+            "ssh_options": sshd.client_options(ssh_keys["known_hosts"])}

@@ -46,6 +46,11 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def client_options(known_hosts: Path) -> str:
+    """ssh options for strict host key checking against the keys these tests made."""
+    return f"-o StrictHostKeyChecking=yes -o UserKnownHostsFile={known_hosts}"
+
+
 def keygen(path: Path) -> str:
     """An ed25519 key pair at ``path``; returns the public key line."""
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)], check=True)

@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 import sshd
-from conftest import client_options
 from fiber_docker.testing import docker_problem, skip_or_fail, test_image
 
 import fibercore as fc
@@ -46,7 +45,7 @@ def two_hosts(local_sshd: sshd.Sshd, second_host: sshd.ContainerSshd, ssh_keys: 
                         f"127.0.0.1 slots=6 port={local_sshd.port}\n"
                         f"{second_host.address} slots=3 port=22 python=/opt/fiber/bin/python\n")
     fc.init(backend="ssh", ssh_hostfile=str(hostfile), ssh_identity=str(ssh_keys["key"]),
-            ssh_options=client_options(ssh_keys), ssh_host_retry=600,
+            ssh_options=sshd.client_options(ssh_keys["known_hosts"]), ssh_host_retry=600,
             listen_host=second_host.gateway)  # an address of this machine both hosts reach
     yield {"hostfile": hostfile}
     for p in fc.active_children():
