@@ -39,6 +39,7 @@ DefMemPerCPU=256
 MpiDefault=none
 SlurmdParameters=config_overrides
 KillWait=5
+SchedulerParameters=batch_sched_delay=0,sched_min_interval=0
 NodeName=localhost NodeAddr=127.0.0.1 CPUs=8 RealMemory=8000 State=UNKNOWN
 PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
 """
