@@ -62,9 +62,9 @@ def fiber_config_options() -> list[Any]:
         return Option(name, typ, default, text, plugin="fiber-ssh")
 
     return [
-        opt("ssh_hosts", str, None, "Hosts as [user@]host[:slots], comma-separated (Open MPI's -H); "
+        opt("ssh_hosts", str, None, "Hosts as `[user@]host[:slots]`, comma-separated (Open MPI's -H); "
             "a host without :slots gets its CPU count."),
-        opt("ssh_hostfile", str, None, "A file of hosts, one per line: [user@]host [slots=N] [port=P] [python=PATH]."),
+        opt("ssh_hostfile", str, None, "A file of hosts, one per line: `[user@]host slots=N port=P python=PATH` (only the host is required)."),
         opt("ssh_port", int, None, "Port of every host's sshd (default: ~/.ssh/config, else 22)."),
         opt("ssh_identity", str, None, "Private key file (ssh -i); default: the agent and ~/.ssh."),
         opt("ssh_options", str, None, "Extra ssh client options, e.g. -o StrictHostKeyChecking=accept-new."),
