@@ -62,7 +62,7 @@ from fibercore.rpc import (
 from fibercore.rpc import client as rpc_client
 from fibercore.rpc import peek as rpc_peek
 from fibercore.runtime import adopt_credentials, credentials_for_child, get_runtime
-from fibercore.util import with_traceback
+from fibercore.util import off_thread, start_finalizer_thread, with_traceback
 from fibercore.wire import malformed
 
 log = logging.getLogger("fibercore.managers")
@@ -389,7 +389,9 @@ class BaseProxy:
             self._client.request(INCREF, self._id).get()
         if not self._manager_owned:
             # Not at interpreter exit: the server may be gone, and its job ends with ours.
-            weakref.finalize(self, _decref, self._client, self._id).atexit = False
+            # Off this thread: a GC pass may run it while this thread holds the client's socket.
+            start_finalizer_thread()
+            weakref.finalize(self, off_thread, _decref, self._client, self._id).atexit = False
 
     def _callmethod(self, methodname: str, args: tuple[Any, ...] = (), kwds: dict[str, Any] | None = None) -> Any:
         """Call ``methodname`` on the shared object; the result, or a handle when asynchronous."""

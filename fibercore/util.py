@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import queue
 import signal
+import threading
+from collections.abc import Callable
 from typing import Any
 
 #: Characters of a job's output quoted in an error (the end of it, where the failure is).
@@ -49,3 +53,38 @@ def with_traceback(exc: BaseException) -> Any:
     from multiprocessing.pool import ExceptionWithTraceback
 
     return ExceptionWithTraceback(exc, exc.__traceback__)
+
+
+_finalizer_calls: queue.SimpleQueue[tuple[Callable[..., Any], tuple[Any, ...]]] = queue.SimpleQueue()
+_finalizer_thread: dict[int, threading.Thread] = {}  # pid -> thread (a forked child starts its own)
+_finalizer_lock = threading.Lock()
+
+
+def start_finalizer_thread() -> None:
+    """Start this process's finalizer thread now (call it where objects that use
+    :func:`off_thread` are made, so that a finalizer never has to start it)."""
+    pid = os.getpid()
+    if pid in _finalizer_thread:
+        return
+    with _finalizer_lock:
+        if pid not in _finalizer_thread:
+            thread = threading.Thread(target=_run_finalizer_calls, name="fiber-finalizers", daemon=True)
+            thread.start()
+            _finalizer_thread[pid] = thread
+
+
+def off_thread(fn: Callable[..., Any], *args: Any) -> None:
+    """Run ``fn(*args)`` soon on this process's finalizer thread. For finalizers: garbage
+    collection runs them inside whatever the current thread holds, where taking a lock (a
+    socket's, a service's) again would deadlock. ``SimpleQueue.put`` is reentrant: this never
+    blocks."""
+    _finalizer_calls.put((fn, args))
+
+
+def _run_finalizer_calls() -> None:
+    while True:
+        fn, args = _finalizer_calls.get()
+        try:
+            fn(*args)
+        except Exception:  # a finalizer's failure must not stop the others
+            logging.getLogger("fibercore").debug("finalizer %r failed", fn, exc_info=True)

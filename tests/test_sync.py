@@ -221,3 +221,25 @@ def test_gymnasium_async_vector_env_with_shared_memory_on_a_fibercore_context():
         envs.close()
         closed_in = time.monotonic() - t0
     assert closed_in < 1.0, f"close() took {closed_in:.2f} s"
+
+
+def test_a_handle_finalized_inside_a_locked_section_does_not_deadlock():
+    """Garbage collection may run a handle's finalizer (release) in any thread, also inside
+    the sync service's own locked section (found in CPython's barrier tests: a hang)."""
+    from fibercore.sync.handles import service
+
+    svc = service()
+    kept, dropped = mp.Event(), mp.Event()
+    oid = dropped._oid
+    done = threading.Event()
+
+    def release_under_the_lock():
+        with svc.lock:  # as inside call_local -> _invoke when a GC pass runs a finalizer
+            svc.release(oid)
+        done.set()
+
+    threading.Thread(target=release_under_the_lock, daemon=True).start()
+    assert done.wait(5), "release() waited for a lock its own thread held"
+    kept.set()  # the next call applies the queued release
+    assert kept.is_set()
+    assert oid not in svc.objects and not svc.released

@@ -25,6 +25,7 @@
 
 from __future__ import annotations
 
+import collections
 import itertools
 import logging
 import os
@@ -71,6 +72,10 @@ class SyncService:
         self.lock = threading.Lock()
         self.objects: dict[int, State] = {}
         self.pinned: set[int] = set()  # sent to another process: kept for the service's life
+        # Releases that found the lock taken: a handle's finalizer can run (by garbage
+        # collection) inside any locked section of this very thread, where taking the lock
+        # again would deadlock. They are applied the next time the lock is free.
+        self.released: collections.deque[int] = collections.deque()
         self.ids = itertools.count(1)
         self.parked: dict[tuple[Hashable, int], Waiter] = {}  # (peer, request) -> waiter
         self.names: dict[Hashable, str] = {}  # peer -> "Process-3 (pid 41 on node-7)"
@@ -83,6 +88,7 @@ class SyncService:
     # -- objects ------------------------------------------------------------------------------
     def add(self, state: State) -> int:
         with self.lock:
+            self._forget_released()
             oid = next(self.ids)
             self.objects[oid] = state
         return oid
@@ -100,8 +106,19 @@ class SyncService:
         self.pinned.add(oid)
 
     def release(self, oid: int) -> None:
-        """The creating process dropped its last handle: forget the object unless it was sent away."""
-        with self.lock:
+        """The creating process dropped its last handle: forget the object unless it was sent
+        away. Never waits for the lock (this may run in a finalizer, inside a locked section)."""
+        self.released.append(oid)
+        if self.lock.acquire(blocking=False):
+            try:
+                self._forget_released()
+            finally:
+                self.lock.release()
+
+    def _forget_released(self) -> None:
+        """Apply the releases queued so far (lock held)."""
+        while self.released:
+            oid = self.released.popleft()
             if oid not in self.pinned:
                 self.objects.pop(oid, None)
 
@@ -120,6 +137,7 @@ class SyncService:
         w = Waiter((LOCAL, threading.get_ident()), _unset)
         try:
             with self.lock:
+                self._forget_released()
                 answer = self._invoke(w, oid, method, args)
                 if answer is PARKED:  # answered later, by another thread: wait for it here
                     done = threading.Event()
