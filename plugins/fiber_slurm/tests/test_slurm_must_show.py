@@ -68,7 +68,7 @@ def test_fiber_run_master_is_a_slurm_job_and_streams_its_output(slurm_conf: Path
         "        print('squares', pool.map(square, range(6)), flush=True)\n"
         "    sys.exit(int(sys.argv[1]) if len(sys.argv) > 1 else 0)\n")
     env = {"FIBER_BACKEND": "slurm", "FIBER_SLURM_SPOOL_DIR": str(slurm_conf.parent / "fiber"),
-           "FIBER_SLURM_POLL_INTERVAL": "0.2"}
+           "FIBER_SLURM_POLL_INTERVAL": "0.2", "FIBER_LISTEN_HOST": "127.0.0.1"}
     done = fiber("run", "--", "python", "app.py", "3", cwd=tmp_path, env=env)
     assert done.returncode == 3, done.stderr
     assert "squares [0, 1, 4, 9, 16, 25]" in done.stdout
