@@ -259,7 +259,23 @@ class Engine:
         active = [job_id for job_id, _, state, _ in self.list_named(prefix) if state in ACTIVE]
         if active:
             run(["scancel", *active])
+        self._forget_secrets(session)
         return len(active)
+
+    def _forget_secrets(self, session: str | None) -> None:
+        """Remove the secret files a master that died without closing left in the spool
+        (of ``session``; when None, of every session with no job left in Slurm)."""
+        live = {name.split("-")[1] for _, name, state, _ in self.list_named("fiber-") if state in ACTIVE}
+        mine = {s for s in self.secret_files}
+        for entry in os.listdir(self.spool):
+            if not entry.startswith("secret-"):
+                continue
+            owner = entry.split("-")[1]
+            if owner not in mine and (owner == session or (session is None and owner not in live)):
+                try:
+                    os.unlink(os.path.join(self.spool, entry))
+                except OSError:
+                    pass
 
     def close(self) -> None:
         self.closing = True

@@ -1,5 +1,5 @@
 """A master killed with SIGKILL leaves no running Slurm job: its workers notice the closed
-connection and exit, so their jobs end."""
+connection and exit, so their jobs end; ``fiber cleanup`` removes its secret file."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 from typing import Any
 
 import fibercore as fc
@@ -49,6 +50,10 @@ def test_killed_master_leaves_no_running_job(slurm_config: dict[str, Any], tmp_p
         while active(session) and time.monotonic() < deadline:
             time.sleep(0.5)
         assert active(session) == []
+        spool = Path(slurm_config["slurm_spool_dir"])
+        assert list(spool.glob(f"secret-{session}-*")), "the dead master's secret file should still be there"
+        plugins.cleanup_jobs(session)  # fiber cleanup --session: removes what the master could not
+        assert not list(spool.glob(f"secret-{session}-*"))
     finally:
         if master.poll() is None:
             master.kill()
