@@ -13,6 +13,7 @@ from __future__ import annotations
 import atexit
 import itertools
 import math
+import os
 import threading
 from typing import Any
 
@@ -94,7 +95,10 @@ def fiber_create_job(spec: Any, config: Any) -> Any:
 
     eng = engine(config)
     jid = f"{spec.session}.{next(_numbers)}"
-    request = {"jid": jid, "name": spec.name, "args": list(spec.args), "env": dict(spec.env), "cwd": spec.cwd,
+    # No cwd (a master from `fiber run`): the creator's, as hosts usually share the file system;
+    # the launcher falls back to the home directory where the path does not exist.
+    request = {"jid": jid, "name": spec.name, "args": list(spec.args), "env": dict(spec.env),
+               "cwd": spec.cwd or os.getcwd(),
                "secret": spec.secret_env.get("FIBER_SECRET", "")}
     slots = max(1, math.ceil(spec.cpu or 1))
     job = eng.submit(jid, spec.name, request, slots, spec.python)
