@@ -24,8 +24,10 @@ def _describe(moto_url: str, job_id: str) -> dict[str, Any]:
 
 def test_what_describe_jobs_shows(aws: Any, moto_url: str) -> None:
     """Name, tags, overrides; the session secret is not there, only the SSM parameter's name."""
-    aws(aws_tags="team=rl,fiber-test-run=x")
-    p = fc.Process(target=fc.meta(cpu=2, memory=1024)(sleep_for), args=(30,), name="described")
+    # Resources from the config: fc.meta(...)(sleep_for) would mark the shared sleep_for for
+    # every later test of the run (it did: a Slurm test then saw memory=1024).
+    aws(aws_tags="team=rl,fiber-test-run=x", cpu_per_job=2, mem_per_job=1024)
+    p = fc.Process(target=sleep_for, args=(30,), name="described")
     p.start()
     try:
         described = _describe(moto_url, p.job.jid)

@@ -83,6 +83,10 @@ class Engine:
         self.echo = bool(cfg.get("ssh_echo_output", True))
         self.control_dir = tempfile.mkdtemp(prefix="fssh-") if cfg.get("ssh_multiplex", True) else None
         self.closing = False
+        self.retry_timer: threading.Timer | None = None
+        if shutil.which("ssh") is None:
+            raise SshError("the ssh client is not installed here: apt-get install openssh-client "
+                           "(fiber-ssh starts every job with it)")
         self._probe_slots()
 
     # -- ssh ----------------------------------------------------------------------------------
@@ -176,13 +180,17 @@ class Engine:
             self._launch(job, host)
 
     def _retry_later(self) -> None:
+        """Place again when the first skipped host may be tried (one timer at a time)."""
+        if self.retry_timer is not None:
+            return
         wake = min(h.down_until for h in self.hosts) - time.monotonic()
-        timer = threading.Timer(max(0.1, wake), self._replace)
-        timer.daemon = True
-        timer.start()
+        self.retry_timer = threading.Timer(max(0.1, wake), self._replace)
+        self.retry_timer.daemon = True
+        self.retry_timer.start()
 
     def _replace(self) -> None:
         with self.lock:
+            self.retry_timer = None
             self._place()
 
     def describe(self, host: Host) -> str:
