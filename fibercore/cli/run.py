@@ -134,7 +134,9 @@ def main(args: argparse.Namespace) -> int:
         name="master",
         image=cfg.get("image") or cfg.get("default_image"),
         cpu=args.cpu, memory=args.memory, gpu=args.gpu,
-        labels={"fiber-session": rt.session, "fiber-process": "master"},
+        # fiber-detached: a backend whose jobs end with this command (ssh sessions) refuses it.
+        labels={"fiber-session": rt.session, "fiber-process": "master",
+                **({"fiber-detached": "true"} if args.detach else {})},
         cwd=os.getcwd() if rt.backend == "local" else None,
     )
     try:

@@ -93,6 +93,11 @@ def fiber_listen_host(config: Any) -> str:
 def fiber_create_job(spec: Any, config: Any) -> Any:
     from fibercore.types import Job
 
+    if spec.labels.get("fiber-detached") == "true":
+        from fibercore.errors import ConfigError
+
+        raise ConfigError("fiber run --detach cannot work on ssh: a job ends with the ssh session of the "
+                          "command that started it. Run without --detach inside tmux, screen or nohup")
     eng = engine(config)
     jid = f"{spec.session}.{next(_numbers)}"
     # No cwd (a master from `fiber run`): the creator's, as hosts usually share the file system;
