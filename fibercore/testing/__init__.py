@@ -17,7 +17,8 @@ on first use.
 
 from typing import Any
 
-__all__ = ["BackendConformance", "fiber", "interrupt_when", "session_of", "write_demo_project"]
+__all__ = ["BackendConformance", "fiber", "in_ci", "interrupt_when", "session_of", "skip_or_fail",
+           "write_demo_project"]
 
 #: The helpers that run the ``fiber`` command as a user does (fibercore.testing.cli).
 _CLI = ("fiber", "interrupt_when", "session_of", "write_demo_project")
@@ -28,6 +29,10 @@ def __getattr__(name: str) -> Any:
         from fibercore.testing.conformance import BackendConformance
 
         return BackendConformance
+    if name in ("in_ci", "skip_or_fail"):
+        from fibercore.testing import ci
+
+        return getattr(ci, name)
     if name in _CLI:
         from fibercore.testing import cli
 

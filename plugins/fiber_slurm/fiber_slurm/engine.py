@@ -259,14 +259,14 @@ class Engine:
         active = [job_id for job_id, _, state, _ in self.list_named(prefix) if state in ACTIVE]
         if active:
             run(["scancel", *active])
-        self._forget_secrets(session)
+        live = {name.split("-")[1] for _, name, state, _ in found if state in ACTIVE}
+        self._forget_secrets(session, live)
         return len(active)
 
-    def _forget_secrets(self, session: str | None) -> None:
+    def _forget_secrets(self, session: str | None, live: set[str]) -> None:
         """Remove the secret files a master that died without closing left in the spool
-        (of ``session``; when None, of every session with no job left in Slurm)."""
-        live = {name.split("-")[1] for _, name, state, _ in self.list_named("fiber-") if state in ACTIVE}
-        mine = {s for s in self.secret_files}
+        (of ``session``; when None, of every session not in ``live``, those with jobs in Slurm)."""
+        mine = set(self.secret_files)
         for entry in os.listdir(self.spool):
             if not entry.startswith("secret-"):
                 continue

@@ -10,14 +10,14 @@ from typing import Any
 import pytest
 import slurm_cluster
 
+from fibercore.testing import skip_or_fail
+
 
 @pytest.fixture(scope="session")
 def slurm_conf(tmp_path_factory: Any) -> Iterator[Path]:
     why = slurm_cluster.problem()
     if why:
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(f"CI=true but the slurm tests cannot run: {why}", pytrace=False)
-        pytest.skip(why)
+        skip_or_fail(why, "slurm")
     state = Path(tmp_path_factory.mktemp("slurm"))
     conf = slurm_cluster.up(state)
     saved = os.environ.get("SLURM_CONF")

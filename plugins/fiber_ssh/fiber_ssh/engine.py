@@ -60,7 +60,7 @@ class SshJob:
         self.output: collections.deque[bytes] = collections.deque()
         self.output_size = 0
         self.tried: set[str] = set()
-        self.cancelled = False
+        self.cancelled: str | None = None  # "term" or "kill" once terminate()/kill() asked
         self.note = ""
         self.engine: Any = None  # the Engine that placed it
 

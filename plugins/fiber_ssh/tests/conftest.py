@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -10,14 +9,14 @@ from typing import Any
 import pytest
 import sshd
 
+from fibercore.testing import skip_or_fail
+
 
 @pytest.fixture(scope="session")
 def ssh_keys(tmp_path_factory: Any) -> dict[str, Any]:
     why = sshd.problem()
     if why:
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(f"CI=true but the ssh tests cannot run: {why}", pytrace=False)
-        pytest.skip(why)
+        skip_or_fail(why, "ssh")
     state = Path(tmp_path_factory.mktemp("ssh-client"))
     state.chmod(0o700)
     public = sshd.keygen(state / "id_ed25519")

@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 import sshd
-from fiber_docker.testing import docker_problem, skip_or_fail, test_image
+from fiber_docker.testing import docker_problem, test_image
 
 import fibercore as fc
+from fibercore.testing import skip_or_fail
 from fibercore.testing.targets import triple_after
 
 CHECKOUT = Path(__file__).resolve().parents[3]
