@@ -22,8 +22,10 @@ pass such values as arguments.
 
 from __future__ import annotations
 
+import collections
 import io
 import itertools
+import linecache
 import os
 import pickle
 import sys
@@ -100,12 +102,78 @@ def _main_function_setstate(func: types.FunctionType, state: Any) -> None:
         setattr(func, key, value)
 
 
+_cloudpickle_code_reduce = cloudpickle.Pickler.dispatch_table[types.CodeType]
+_MAX_SOURCE_LINES = 2000  # a function longer than this travels without its source
+
+
+def _source_of(code: types.CodeType) -> tuple[int, tuple[str, ...]] | None:
+    """The lines of ``code``'s source (first line number, lines), from this process's linecache."""
+    last = code.co_firstlineno
+    for _start, _end, line in code.co_lines():
+        if line is not None and line > last:
+            last = line
+    for const in code.co_consts:  # nested functions, lambdas, comprehensions
+        if isinstance(const, types.CodeType):
+            inner = _source_of(const)
+            if inner is not None:
+                last = max(last, inner[0] + len(inner[1]) - 1)
+    if last - code.co_firstlineno >= _MAX_SOURCE_LINES:
+        return None
+    lines = linecache.getlines(code.co_filename)
+    if len(lines) < last:
+        return None
+    return code.co_firstlineno, tuple(lines[code.co_firstlineno - 1:last])
+
+
+def _code_reduce(code: types.CodeType) -> Any:
+    """cloudpickle's code reducer, keeping the real ``co_filename`` (and, for a function's own
+    code, its source lines): cloudpickle 3.1.3 writes ``"<dynamic-code>"`` there, and a worker's
+    traceback then names no file and shows no line. The source goes along so that the line
+    shows even where the file is not (a container, another host)."""
+    reduced = _cloudpickle_code_reduce(code)
+    return _make_code, (reduced, code.co_filename, _source_of(code))
+
+
+def _make_code(reduced: Any, filename: str, source: tuple[int, tuple[str, ...]] | None) -> types.CodeType:
+    """Unpickling: the code object with its sender's file name, and its lines known to linecache."""
+    make, args = reduced
+    code = make(*args)
+    if code.co_filename != filename:
+        code = code.replace(co_filename=filename)
+    if source is not None:
+        _remember_source(filename, *source)
+    return code
+
+
+def _remember_source(filename: str, first: int, lines: tuple[str, ...]) -> None:
+    """Lets ``traceback`` show the lines of a received function whose file this process cannot
+    read (with the file present, linecache reads the file itself, as usual)."""
+    entry = linecache.cache.get(filename)
+    if entry is not None and entry[1] is not None:
+        return  # read from a real file
+    if entry is None:
+        if os.path.exists(filename):
+            return
+        known: list[str] = []
+    else:
+        known = list(entry[2])
+    end = first - 1 + len(lines)
+    if len(known) < end:
+        known.extend("\n" for _ in range(end - len(known)))
+    known[first - 1:end] = lines
+    # An mtime of None marks a lazily loaded entry, which linecache.checkcache leaves alone.
+    linecache.cache[filename] = (sum(map(len, known)), None, known, filename)
+
+
 _cloudpickle_override = cloudpickle.Pickler.reducer_override
 
 
 class _Pickler(cloudpickle.Pickler):
     """cloudpickle, with ``__main__`` functions bound to the receiver's shared namespace, and
-    multiprocessing's own queues carried over onto fibercore's (:mod:`fibercore.compat`)."""
+    multiprocessing's own queues carried over onto fibercore's (:mod:`fibercore.compat`), and
+    code objects that keep their file name."""
+
+    dispatch_table = collections.ChainMap({types.CodeType: _code_reduce}, cloudpickle.Pickler.dispatch_table)
 
     def reducer_override(self, obj: Any) -> Any:  # called for every non-atomic object: kept short
         mp_queues = sys.modules.get("multiprocessing.queues")  # none exists unless it was imported
