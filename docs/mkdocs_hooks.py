@@ -44,8 +44,25 @@ def all_options() -> list[Any]:
     return options
 
 
+def _installed(distribution: str) -> bool:
+    from importlib import metadata
+
+    try:
+        metadata.distribution(distribution)
+    except metadata.PackageNotFoundError:
+        return False
+    return True
+
+
 def options_table(plugin: str) -> str:
+    """The table of ``plugin``'s keys; where that backend is not installed, how to install it."""
     rows = [o for o in all_options() if o.plugin == plugin]
+    if not rows and plugin != "fibercore" and not _installed(plugin):
+        folder = "plugins/" + plugin.replace("-", "_")
+        return (f'!!! note "{plugin} is not installed where this page was built"\n'
+                f"    Its configuration keys are listed here when it is: `pip install -e {folder}` "
+                f"from a checkout, then build the site again. `fiber config --all --backend NAME` shows "
+                f"them too, once it is installed.\n")
     if not rows:
         raise ValueError(f"no configuration keys declared by {plugin!r} (is it installed?)")
     out = ["| key | type | default | environment | meaning |", "|---|---|---|---|---|"]
@@ -133,3 +150,22 @@ def expand(markdown: str) -> str:
 
 def on_page_markdown(markdown: str, **kwargs: Any) -> str:
     return expand(markdown)
+
+
+#: A Sphinx role left in a docstring, as the Markdown renderer leaves it: ``:meth:<code>x</code>``.
+_ROLE = re.compile(r":(?:py:)?(?:meth|class|func|attr|data|mod|exc|obj|const):<code>(~?)([^<]*)</code>")
+
+
+def plain_roles(html: str) -> str:
+    """Sphinx roles (``:class:`~fibercore.types.Job```, which ``help()`` readers know) shown as
+    code: ``Job`` (a leading ``~`` keeps the last name only, as in Sphinx)."""
+
+    def code(match: re.Match[str]) -> str:
+        name = match.group(2)
+        return f"<code>{name.rsplit('.', 1)[-1] if match.group(1) else name}</code>"
+
+    return _ROLE.sub(code, html)
+
+
+def on_page_content(html: str, **kwargs: Any) -> str:
+    return plain_roles(html)

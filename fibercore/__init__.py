@@ -33,6 +33,7 @@ if TYPE_CHECKING:  # imported on first use below; a worker job only pays for wha
     from fibercore.context import FiberContext
     from fibercore.pool import Pool
     from fibercore.queues import JoinableQueue, Queue, SimpleQueue
+    from fibercore.ring import Ring
 
 __version__ = "0.1.0"
 

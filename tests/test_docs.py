@@ -87,4 +87,41 @@ def test_the_site_builds_strict(tmp_path):
     hooks_page = (tmp_path / "site" / "hooks" / "index.html").read_text()
     assert "fiber_create_job" in hooks_page and "fiber_doctor" in hooks_page
     assert "docker_network" in (tmp_path / "site" / "backends" / "docker" / "index.html").read_text()
-    assert "Process" in (tmp_path / "site" / "api" / "index.html").read_text()
+    assert_api_page_reads_well(tmp_path / "site")
+
+
+def assert_api_page_reads_well(site: Path) -> None:
+    """The API page: headings with the names users import, no raw Sphinx roles."""
+    api = (site / "api" / "index.html").read_text()
+    headings = [re.sub(r"<[^>]+>|&para;", "", h).split()[0]
+                for h in re.findall(r'<h2 id="[^"]+" class="doc doc-heading">(.*?)</h2>', api, re.S)]
+    for name in ("fibercore.Process", "fibercore.Pool", "fibercore.Queue", "fibercore.Pipe", "fibercore.init"):
+        assert name in headings, headings
+    assert not [h for h in headings if h.startswith(("fibercore.pool.api", "fibercore.process."))], headings
+    text = re.sub(r"<[^>]+>", "", api)
+    roles = re.findall(r":(?:meth|class|func|attr|data|mod|exc|obj):\S*", text)
+    assert not roles, f"raw Sphinx roles on the API page: {roles[:5]}"
+
+
+@pytest.mark.slow
+def test_the_docs_build_with_only_the_core_the_local_backend_and_the_docs_extra(tmp_path):
+    """As the README says: pip install -e ".[docs]" (with fiber-local) in a new venv, then
+    mkdocs build --strict. Pages of backends that are not installed say how to install them."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "-c", str(ROOT / "constraints.txt")]
+    subprocess.run([*pip, "-U", "pip", "setuptools", "wheel"], check=True, capture_output=True)
+    done = subprocess.run([*pip, "--no-build-isolation", "-e", str(ROOT / "plugins" / "fiber_local"),
+                           "-e", f"{ROOT}[docs]"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    listed = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "list", "--format=freeze"],
+                            capture_output=True, text=True, check=True).stdout
+    assert "fiber-docker" not in listed and "fiber_docker" not in listed
+    done = subprocess.run([str(venv / "bin" / "mkdocs"), "build", "--strict", "-f", str(ROOT / "mkdocs.yml"),
+                           "-d", str(tmp_path / "site")], capture_output=True, text=True, cwd=tmp_path,
+                          env={**os.environ, "NO_MKDOCS_2_WARNING": "1"}, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    aws = (tmp_path / "site" / "backends" / "aws" / "index.html").read_text()
+    assert "fiber-aws is not installed where this page was built" in aws
+    assert "pip install -e plugins/fiber_aws" in aws
+    assert_api_page_reads_well(tmp_path / "site")
