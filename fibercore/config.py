@@ -92,6 +92,8 @@ PLUGIN_KEY_HINTS: dict[str, str] = {
     "k8s_": "fiber-k8s",
     "docker_": "fiber-docker",
     "aws_": "fiber-aws",
+    "slurm_": "fiber-slurm",
+    "ssh_": "fiber-ssh",
 }
 
 #: FIBER_* variables that are switches or worker plumbing, not config keys.
@@ -171,14 +173,35 @@ class Config(Mapping[str, Any]):
         return f"Config({items})"
 
 
+def closest_key(key: str, options: Iterable[str]) -> str | None:
+    """The declared key ``key`` is most likely a misspelling of, if any."""
+    import difflib
+
+    found = difflib.get_close_matches(key, list(options), n=1, cutoff=0.75)
+    return found[0] if found else None
+
+
 def unknown_key_message(key: str, options: Mapping[str, Option], where: str = "") -> str:
-    hint = ""
+    """One line: the closest key, the backend that declares it, or the valid keys."""
+    from fibercore.plugins import install_hint
+
+    src = f" in {where}" if where else ""
+    text = f"unknown fibercore config key {key!r}{src}"
+    close = closest_key(key, options)
+    if close is not None:
+        return f"{text}: did you mean {close!r}?"
     for prefix, dist in PLUGIN_KEY_HINTS.items():
         if key.startswith(prefix):
-            hint = f" `{key}` is provided by the {dist} plugin: pip install {dist}."
-    valid = ", ".join(sorted(options))
-    src = f" in {where}" if where else ""
-    return f"unknown fibercore config key {key!r}{src}.{hint} Valid keys: {valid}."
+            return f"{text}: `{key}` is a key of the {dist} backend, which is not installed: {install_hint(dist)}."
+    return f"{text}. Valid keys: {', '.join(sorted(options))}."
+
+
+def unknown_variable_message(name: str, options: Mapping[str, Option]) -> str:
+    """The one-line warning for a ``FIBER_*`` variable that names no key (a misspelling?)."""
+    close = closest_key(name[len("FIBER_"):].lower(), options)
+    if close is not None:
+        return f"fibercore: ignoring {name} (no such key): did you mean FIBER_{close.upper()}?"
+    return f"fibercore: ignoring {name}: no config key of that name (`fiber config --all` lists them)"
 
 
 def read_file_values(cwd: str | os.PathLike[str] | None = None) -> tuple[dict[str, str], str | None]:
@@ -192,6 +215,11 @@ def read_file_values(cwd: str | os.PathLike[str] | None = None) -> tuple[dict[st
             parser.read(candidate)
         except configparser.Error as exc:
             raise ConfigError(f"cannot parse {candidate}: {exc}. It must be INI with a [default] section.") from exc
+        others = [name for name in parser.sections() if name != "default"]
+        if others:
+            raise ConfigError(
+                f"{candidate}: unknown section [{others[0]}]; fibercore reads the [default] section "
+                f"only (as the original fiber): rename it to [default]")
         section = "default" if parser.has_section("default") else None
         values = dict(parser.items(section)) if section else dict(parser.defaults())
         return values, str(candidate)
@@ -217,6 +245,19 @@ def read_env_values(environ: Mapping[str, str]) -> dict[str, str]:
         for name, value in environ.items()
         if name.startswith("FIBER_") and name not in ENV_SWITCHES
     }
+
+
+_warned_variables: set[str] = set()
+
+
+def _warn_unknown_variable(name: str, options: Mapping[str, Option]) -> None:
+    """Once per process, and only in a master: its jobs inherit the same environment."""
+    if name in _warned_variables or os.environ.get("FIBER_MASTER_ADDR"):
+        return
+    _warned_variables.add(name)
+    import sys
+
+    print(unknown_variable_message(name, options), file=sys.stderr)
 
 
 def build_config(
@@ -253,7 +294,7 @@ def build_config(
             if opt is None:
                 if strict:
                     raise ConfigError(unknown_key_message(key, table, origin_of(key)))
-                log.warning("ignoring %s: %s", origin_of(key), unknown_key_message(key, table))
+                _warn_unknown_variable(f"FIBER_{key.upper()}", table)
                 continue
             try:
                 values[key] = opt.convert(raw)

@@ -31,6 +31,15 @@ class JobStartError(ProcessError):
         self.logs = logs
 
 
+class BackendUnavailableError(ProcessError):
+    """The backend cannot be reached or is not set up (no daemon, no cluster configuration, no
+    credentials, no region): no job starts until that is fixed, and the message says how.
+
+    Backends raise a subclass from ``fiber_create_job``; an uncaught one ends a program with
+    its one-line message (the traceback with ``FIBER_DEBUG=1``).
+    """
+
+
 class WorkerLostError(ProcessError):
     """A pool task's worker died (killed, out of memory, node lost) more often than allowed.
 

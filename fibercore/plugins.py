@@ -63,14 +63,24 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
     "fibercore.builtins.cloudpickle_serializer",
 )
 
-#: Distributions of this project, for the `pip install` hint on an unknown backend.
+#: This project's backend distributions by backend name (aliases too), for install hints.
 KNOWN_DISTRIBUTIONS = {
     "local": "fiber-local",
     "docker": "fiber-docker",
     "kubernetes": "fiber-k8s",
     "k8s": "fiber-k8s",
     "aws": "fiber-aws",
+    "slurm": "fiber-slurm",
+    "ssh": "fiber-ssh",
 }
+
+
+def install_hint(distribution: str) -> str:
+    """How to install one of this project's distributions. None is on a package index yet:
+    from a checkout, or from the wheels ``scripts/wheels`` builds into ``dist/``."""
+    folder = "plugins/" + distribution.replace("-", "_")
+    return (f"pip install -e {folder} in a fibercore checkout, or pip install {distribution} "
+            f"--find-links dist/ after scripts/wheels (fibercore is not on a package index yet)")
 
 
 @dataclass(frozen=True)
@@ -107,13 +117,35 @@ def installed_backends() -> list[str]:
     return sorted({e.name for e in installed(BACKENDS_GROUP)})
 
 
+def backends_by_module() -> list[tuple[EntryPointInfo, list[str]]]:
+    """Each installed backend once (the first of its names), with its other names (aliases:
+    entry points of the same distribution that load the same module)."""
+    groups: dict[tuple[str, str], list[EntryPointInfo]] = {}
+    for info in installed(BACKENDS_GROUP):
+        groups.setdefault((info.distribution, info.value.strip()), []).append(info)
+    out = []
+    for infos in groups.values():
+        # The name the distribution is known by comes first (kubernetes before k8s).
+        infos.sort(key=lambda i: (KNOWN_DISTRIBUTIONS.get(i.name) != i.distribution, -len(i.name), i.name))
+        out.append((infos[0], [i.name for i in infos[1:]]))
+    return sorted(out, key=lambda pair: pair[0].name)
+
+
 def unknown_backend_message(name: str) -> str:
-    have = ", ".join(installed_backends()) or "none"
-    dist = KNOWN_DISTRIBUTIONS.get(name, f"fiber-{name}")
-    return (
-        f"unknown fibercore backend {name!r} (installed backends: {have}). "
-        f"To add it: pip install {dist}; or set FIBER_BACKEND to one of the installed ones."
-    )
+    """One line: the installed backends, the closest name, and how to install a known one."""
+    import difflib
+
+    names = installed_backends()
+    have = ", ".join(names) or "none"
+    text = f"unknown fibercore backend {name!r} (installed: {have})"
+    close = difflib.get_close_matches(name.lower(), names, n=1, cutoff=0.6)
+    if close:
+        return f"{text}: did you mean {close[0]!r}? Set FIBER_BACKEND (or backend=) to it."
+    dist = KNOWN_DISTRIBUTIONS.get(name.lower())
+    if dist is not None:
+        return f"{text}: the {name!r} backend is the {dist} distribution; install it: {install_hint(dist)}."
+    return (f"{text}: set FIBER_BACKEND (or backend=) to one of them; a third-party backend "
+            f"named {name!r} must be installed first (`fiber backends` lists what is).")
 
 
 def _load_value(value: str) -> Any:

@@ -16,12 +16,12 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from fibercore import admin
-from fibercore.errors import JobStartError, ProcessError
+from fibercore.errors import BackendUnavailableError, JobStartError, ProcessError
 from fibercore.meta import get_meta
 from fibercore.runtime import get_runtime
 from fibercore.serialization import describe, dumps_or_explain
 from fibercore.types import Job, JobSpec, JobStatus
-from fibercore.util import log_tail
+from fibercore.util import debug_enabled, log_tail
 
 if TYPE_CHECKING:
     from fibercore.process import Process
@@ -93,6 +93,12 @@ class JobPopen:
         self.spec = spec
         try:
             self.job: Job = rt.plugins.create_job(spec)
+        except BackendUnavailableError as exc:
+            hub.forget(self._launch)
+            # The backend's own message names the fix; the chain below it (HTTP client
+            # retries) is for FIBER_DEBUG=1 only.
+            raise BackendUnavailableError(
+                f"backend {rt.backend!r} cannot start jobs: {exc}") from (exc if debug_enabled() else None)
         except ProcessError:
             hub.forget(self._launch)
             raise

@@ -18,7 +18,7 @@ from typing import Any
 from fibercore import config as _config
 from fibercore.errors import ConfigError
 from fibercore.plugins import Plugins, check_contract, detect_backend, redact
-from fibercore.util import truthy_env
+from fibercore.util import install_excepthook, truthy_env
 from fibercore.wire import Authenticator, Channel, Limits
 
 log = logging.getLogger("fibercore")
@@ -170,6 +170,7 @@ def build(init_values: dict[str, Any] | None = None) -> Runtime:
         (session, secret), is_worker = _adopted, False
     else:
         session, secret, is_worker = secrets.token_hex(6), secrets.token_bytes(32), False
+        install_excepthook()
         log.info("fibercore session %s (its jobs carry the label fiber-session=%s; "
                  "`fiber cleanup --session %s` stops them)", session, session, session)
         # Children started through this process's own subprocesses share the session.

@@ -19,6 +19,47 @@ def truthy_env(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no", "off")
 
 
+def debug_enabled() -> bool:
+    """``FIBER_DEBUG=1``: full tracebacks instead of one-line errors."""
+    return truthy_env("FIBER_DEBUG")
+
+
+def setup_error(exc: BaseException) -> BaseException | None:
+    """The fibercore configuration or backend-setup error in ``exc``'s chain, if any: an error
+    whose message is the whole story (what is wrong, what to do), not a bug's traceback."""
+    from fibercore.errors import BackendUnavailableError, ConfigError
+
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, (BackendUnavailableError, ConfigError)):
+            return current
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def install_excepthook() -> None:
+    """An uncaught configuration or backend-setup error ends the program with one line that
+    names the fix (``FIBER_DEBUG=1``: the traceback). Left alone when something else (IPython,
+    a debugger) already replaced ``sys.excepthook``."""
+    import sys
+
+    if sys.excepthook is not sys.__excepthook__:
+        return
+    previous = sys.excepthook
+
+    def hook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+        if setup_error(value) is None or debug_enabled():
+            previous(kind, value, tb)
+            return
+        text = " ".join(str(value).split())
+        sys.stderr.write(f"fibercore: {text} (FIBER_DEBUG=1 shows the traceback)\n")
+
+    hook._fiber = True  # type: ignore[attr-defined]
+    sys.excepthook = hook
+
+
 def exitcode_name(code: int) -> str:
     """``SIGKILL`` for -9 (a signal's name for a negative code), else the number."""
     if code < 0:

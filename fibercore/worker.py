@@ -39,6 +39,22 @@ def exit_job(message: str, code: int) -> None:
     os._exit(code)
 
 
+def exit_quietly(code: int) -> None:
+    """End this job now with ``code`` and no message (a Ctrl-C that found it idle)."""
+    try:
+        from fibercore import process
+
+        process._terminate_all(force=True)
+    except Exception:
+        pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    os._exit(code)
+
+
 def _pid1_sigterm() -> None:
     """As PID 1 of a container without an init, a signal with the default action is
     ignored: make SIGTERM end the job as it would anywhere else (status 128+15, which
@@ -163,7 +179,10 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    code = main()
+    try:
+        code = main()
+    except KeyboardInterrupt:  # the terminal's Ctrl-C while starting or ending, not in user code
+        exit_quietly(128 + 2)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

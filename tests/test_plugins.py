@@ -24,17 +24,22 @@ def test_local_backend_is_installed_and_default(fresh_runtime):
     assert fibercore.get_runtime().backend == "local"
 
 
-def test_unknown_backend_lists_installed_and_pip_install(fresh_runtime):
+def test_unknown_backend_lists_installed_and_names_only_real_distributions(fresh_runtime, monkeypatch):
     with pytest.raises(BackendNotFoundError) as info:
         fibercore.init(backend="yarn")
     msg = str(info.value)
-    assert "'yarn'" in msg and "local" in msg and "pip install fiber-yarn" in msg
-    # the project's own backends are named by their distribution (installed here or not)
-    from fibercore.plugins import unknown_backend_message
+    assert "'yarn'" in msg and "local" in msg and "fiber-yarn" not in msg and "pip install" not in msg
+    with pytest.raises(BackendNotFoundError, match="did you mean 'local'"):
+        fibercore.init(backend="locl")
+    # the project's own backends are named by their distribution, with the way to install it
+    from fibercore import plugins
 
-    assert "pip install fiber-k8s" in unknown_backend_message("kubernetes")
-    assert "pip install fiber-aws" in unknown_backend_message("aws")
-    assert "pip install fiber-slurm" in unknown_backend_message("slurm")
+    monkeypatch.setattr(plugins, "installed_backends", lambda: ["local"])
+    for name, dist in [("kubernetes", "fiber-k8s"), ("aws", "fiber-aws"), ("slurm", "fiber-slurm")]:
+        msg = plugins.unknown_backend_message(name)
+        assert f"is the {dist} distribution" in msg, msg
+        assert f"pip install -e plugins/{dist.replace('-', '_')}" in msg and "--find-links dist/" in msg
+        assert "not on a package index yet" in msg and "\n" not in msg
 
 
 def test_env_backend_selection(fresh_runtime, monkeypatch):
@@ -228,4 +233,8 @@ def test_fiber_backends_shows_the_contract_versions(capsys):
     assert main(["backends"]) == 0
     out = capsys.readouterr().out
     assert f"hook contract {hookspecs.CONTRACT_VERSION}" in out
-    assert re.search(r"local\s+fiber-local \S+\s+contract 2", out), out
+    assert re.search(r"^  local\s+-\s+fiber-local \S+\s+2\s+fiber_local.plugin$", out, re.M), out
+    # each backend once, its other names in the aliases column
+    backends = out.split("Selected backend")[0]
+    assert re.search(r"^  kubernetes\s+k8s\s+fiber-k8s", backends, re.M), out
+    assert not re.search(r"^  k8s\s", backends, re.M), out

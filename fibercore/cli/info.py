@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 
-from fibercore.plugins import BACKENDS_GROUP, PLUGINS_GROUP, declared_contract, installed
+from fibercore.plugins import PLUGINS_GROUP, backends_by_module, declared_contract, installed
 
 
 def backends(args: argparse.Namespace) -> int:
@@ -15,16 +15,29 @@ def backends(args: argparse.Namespace) -> int:
 
     print(f"fibercore {__version__}, hook contract {CONTRACT_VERSION} "
           f"(loads plugins declaring {MIN_CONTRACT_VERSION}..{CONTRACT_VERSION})")
-    print("Installed backends (fiber.backends) and extensions (fiber.plugins):")
-    for info in installed(BACKENDS_GROUP) + installed(PLUGINS_GROUP):
-        print(f"  {info.group:15} {info.name:12} {info.distribution} {info.version}  "
-              f"contract {_declared(info.value)}  ({info.value})")
+    rows = [("backend", "aliases", "distribution", "contract", "module")]
+    for info, aliases in backends_by_module():
+        rows.append((info.name, ", ".join(aliases) or "-", f"{info.distribution} {info.version}",
+                     _declared(info.value), info.value))
+    _table("Installed backends (entry points fiber.backends):", rows)
+    extensions = installed(PLUGINS_GROUP)
+    if extensions:
+        rows = [("extension", "distribution", "contract", "module")]
+        rows += [(i.name, f"{i.distribution} {i.version}", _declared(i.value), i.value) for i in extensions]
+        _table("\nExtensions (entry points fiber.plugins):", rows)
     rt = get_runtime()
     print(f"\nSelected backend: {rt.backend}; registered plugins, their contract and hooks:")
     for name, hooks in rt.plugins.describe():
         version = rt.plugins.contract_of(name)
         print(f"  {name} (contract {version if version is not None else 'undeclared'}): {', '.join(hooks)}")
     return 0
+
+
+def _table(title: str, rows: list[tuple[str, ...]]) -> None:
+    print(title)
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  " + "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
 
 
 def _declared(value: str) -> str:
@@ -63,21 +76,49 @@ def config(args: argparse.Namespace) -> int:
     return 0
 
 
+def _doctor_order(asked: list[str] | None) -> list[tuple[str, str]]:
+    """(backend, heading) to check: the asked ones, else the selected backend first, then every
+    other installed backend once (an alias is the same backend)."""
+    from fibercore.errors import BackendNotFoundError
+    from fibercore.plugins import installed_backends, unknown_backend_message
+    from fibercore.runtime import get_runtime
+
+    if asked:
+        known = installed_backends()
+        for name in asked:
+            if name not in known:
+                raise BackendNotFoundError(unknown_backend_message(name))
+        return [(name, name) for name in dict.fromkeys(asked)]
+    selected = get_runtime().backend
+    order: list[tuple[str, str]] = []
+    for info, aliases in backends_by_module():
+        names = [info.name, *aliases]
+        label = info.name + (f" ({', '.join(aliases)})" if aliases else "")
+        if selected in names:
+            order.insert(0, (selected, f"{label}: the selected backend"))
+        else:
+            order.append((info.name, label))
+    return order
+
+
 def doctor(args: argparse.Namespace) -> int:
-    """Run every installed backend's checks; exit 1 when any of them says no."""
+    """Check the selected backend, then every other installed one; exit 1 when the selected
+    (or an asked-for) backend has a problem."""
     from fibercore.errors import FiberError
     from fibercore.runtime import build
 
-    names = args.backend or [info.name for info in installed(BACKENDS_GROUP)]
+    order = _doctor_order(args.backend)
     failed = 0
-    for name in names:
-        print(f"{name}:")
+    failed_selected = 0
+    for index, (name, heading) in enumerate(order):
+        print(f"{heading}:")
+        before = failed
         try:
             checks = build({"backend": name}).plugins.doctor()
         except (FiberError, Exception) as exc:  # a backend that cannot even load is a "no"
             print(f"  no   loads: {type(exc).__name__}: {exc}")
             failed += 1
-            continue
+            checks = []
         if not checks:
             print("  ?    this backend's plugin has no checks (fiber_doctor)")
         for check in checks:
@@ -86,7 +127,16 @@ def doctor(args: argparse.Namespace) -> int:
             print(f"  {mark}  {check.what}{detail}")
             if not check.ok:
                 failed += 1
-                if check.fix:
+                if check.fix and check.fix not in detail:
                     print(f"       fix: {check.fix}")
-    print(f"\n{failed} problem(s) found" if failed else "\nno problems found")
-    return 1 if failed else 0
+        if index == 0 or args.backend:
+            failed_selected += failed - before
+    if not failed:
+        print("\nno problems found")
+    elif failed_selected:
+        print(f"\n{failed} problem(s) found, {failed_selected} of them in {order[0][0]!r}"
+              if not args.backend else f"\n{failed} problem(s) found")
+    else:
+        print(f"\n{failed} problem(s) found, none in the selected backend {order[0][0]!r} "
+              f"(the others matter only if you select them)")
+    return 1 if failed_selected else 0

@@ -68,13 +68,16 @@ def parse_env(pairs: list[str]) -> dict[str, str]:
 
 def split_command(command: list[str]) -> tuple[str | None, list[str]]:
     """(interpreter or None, its arguments): ``python app.py`` -> (None, [app.py]) so that the
-    backend runs the python of the place the job runs; anything else runs as given."""
+    backend runs the python of the place the job runs; ``app.py`` alone means the same (a
+    script is not a program the job could execute itself); anything else runs as given."""
     if command and command[0] == "--":
         command = command[1:]
     if not command:
         raise ConfigError("no program to run: give it after --, for example `fiber run -- python app.py`")
     if _PYTHONS.match(os.path.basename(command[0])):
         return None, command[1:]
+    if command[0].endswith(".py"):
+        return None, command
     return command[0], command[1:]
 
 
@@ -143,6 +146,9 @@ def main(args: argparse.Namespace) -> int:
         job = rt.plugins.create_job(spec)
     except ProcessError:
         raise
+    except FileNotFoundError as exc:
+        raise ConfigError(f"no program {exc.filename or python!r} to run on {rt.backend!r}: give the command "
+                          "as you would type it there, for example `fiber run -- python app.py`") from None
     except Exception as exc:
         raise ProcessError(f"backend {rt.backend!r} could not start the master: {type(exc).__name__}: {exc}") from exc
     print(f"fiber run: session {rt.session}, master job {job.jid} on {rt.backend}"
@@ -192,18 +198,25 @@ def _attend(rt: Any, job: Any, grace: float) -> int:
             output.start()
         while not stop.is_set():
             code = plugins.wait_job(job, 0.2)
-            if code is not None:
+            if code is not None and not stop.is_set() and code != -signal.SIGINT:
                 if output is not None:
                     output.join(30)  # the stream ends once the backend has the last lines
                 sys.stdout.flush()
                 return code if code >= 0 else 128 - code
-        print(f"\nfiber run: stopping the master ({job.jid}) and every job of session {rt.session}",
-              file=sys.stderr, flush=True)
-        plugins.terminate_job(job, force=False)
-        if plugins.wait_job(job, grace) is None:
-            plugins.terminate_job(job, force=True)
-            plugins.wait_job(job, 10)
+            if code is not None:
+                break  # the master ended of the terminal's Ctrl-C itself
+        # Interrupted: the master (if it still runs) and then every job of the session.
+        if plugins.wait_job(job, 0) is None:
+            plugins.terminate_job(job, force=False)
+            if plugins.wait_job(job, grace) is None:
+                plugins.terminate_job(job, force=True)
+                plugins.wait_job(job, 10)
         _sweep(plugins, rt.session)
+        if output is not None:
+            output.join(2)
+        sys.stdout.flush()
+        print(f"fiber run: interrupted; the master ({job.jid}) and every job of session {rt.session} "
+              "are stopped", file=sys.stderr, flush=True)
         return 130
     finally:
         for sig, handler in previous.items():

@@ -27,7 +27,7 @@ from collections import deque
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any
 
-from fibercore.errors import JobStartError, ProcessError, WorkerLostError
+from fibercore.errors import BackendUnavailableError, JobStartError, ProcessError, WorkerLostError
 from fibercore.pool.records import (
     DEAD,
     LEAVING,
@@ -39,7 +39,7 @@ from fibercore.pool.records import (
     WorkerSlot,
     items_text,
 )
-from fibercore.util import describe_exit, log_tail
+from fibercore.util import debug_enabled, describe_exit, log_tail
 
 if TYPE_CHECKING:
     from fibercore.pool.scheduler import Scheduler
@@ -242,10 +242,14 @@ class Supervision:
             err = w.launch_error
         else:  # pragma: no cover - a slot without a job
             err = JobStartError(f"{w.name} failed to start: {what}")
-        log.warning("%s: worker %s failed to start: %s", pool.name, w.name, what)
         with pool.lock:
             self.failures_in_a_row += 1
             k = self.failures_in_a_row
+            if isinstance(err, BackendUnavailableError) and fleet.ready_count() == 0:
+                # Not a job's failure: no job can start until the backend is set up.
+                self.break_pool(err, "no worker can start", same_kind=True)
+                return
+            log.warning("%s: worker %s failed to start: %s", pool.name, w.name, what)
             if fleet.ready_count() == 0 and k >= max(3, fleet.target):
                 self.break_pool(err, f"{k} worker jobs in a row failed to start and none is running")
                 return
@@ -262,7 +266,8 @@ class Supervision:
         exc.__cause__ = RemoteTraceback(text)
         self.break_pool(exc, f"its initializer raised {type(exc).__name__} in {w.name}", deliver_cause=True)
 
-    def break_pool(self, exc: BaseException, why: str, deliver_cause: bool = False) -> None:
+    def break_pool(self, exc: BaseException, why: str, deliver_cause: bool = False,
+                   same_kind: bool = False) -> None:
         """Nothing can run (initializer raises, jobs never start): fail every task with why.
 
         Tasks get a ProcessError that says why and carries the cause, or the cause
@@ -272,14 +277,16 @@ class Supervision:
         with pool.lock:
             if self.broken is not None:
                 return
-            self.broken = ProcessError(f"{why}:\n{exc}")
-            self.broken.__cause__ = exc
+            kind = type(exc) if same_kind and isinstance(exc, ProcessError) else ProcessError
+            self.broken = kind(f"{why}: {exc}")
+            self.broken.__cause__ = exc if debug_enabled() or not same_kind else None
             if not deliver_cause:
                 exc = self.broken
             pending = list(pool.dispatch.chunks.values())
             pool.dispatch.queue.clear()
             workers = list(pool.fleet.workers.values())
-        log.error("%s: cannot run tasks: %s", pool.name, why)
+        if not same_kind:  # a setup error is the tasks' own error: said once, by them
+            log.error("%s: cannot run tasks: %s", pool.name, why)
         for w in workers:
             w.killed_by_pool = True
             pool.fleet.submit(pool.fleet.kill, w)

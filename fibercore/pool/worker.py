@@ -226,7 +226,25 @@ SEND_POLL_AFTER = 0.02
 
 def run_worker(address: str, wid: int, initializer: Callable[..., Any] | None,
                initargs: tuple[Any, ...], maxtasks: int | None) -> None:
-    """Serve one pool: connect, run the initializer, then run chunks until told to stop."""
+    """Serve one pool: connect, run the initializer, then run chunks until told to stop.
+
+    The terminal's Ctrl-C reaches the workers too (they share the master's process group, as
+    multiprocessing's do). A worker running a task shows the task's traceback, as
+    multiprocessing's; an idle one leaves quietly (the pool replaces it if the master lives on).
+    """
+    in_task = [False]
+    try:
+        _serve(address, wid, initializer, initargs, maxtasks, in_task)
+    except KeyboardInterrupt:
+        if in_task[0]:
+            raise
+        from fibercore.worker import exit_quietly
+
+        exit_quietly(128 + 2)
+
+
+def _serve(address: str, wid: int, initializer: Callable[..., Any] | None,
+           initargs: tuple[Any, ...], maxtasks: int | None, in_task: list[bool]) -> None:
     from fibercore.runtime import get_runtime
     from fibercore.worker import EXIT_MASTER_GONE, exit_job
 
@@ -244,7 +262,9 @@ def run_worker(address: str, wid: int, initializer: Callable[..., Any] | None,
     wid_b = str(wid).encode()
     if initializer is not None:
         try:
+            in_task[0] = True
             initializer(*initargs)
+            in_task[0] = False
         except BaseException as exc:
             text = traceback.format_exc()
             try:
@@ -288,10 +308,12 @@ def run_worker(address: str, wid: int, initializer: Callable[..., Any] | None,
         cid, kind, func, payload = task
         start = time.perf_counter()
         inbox.started_chunk(start)
+        in_task[0] = True
         try:
             ok, value = True, _run_chunk(kind, func, payload, serializer)
         except Exception as exc:
             ok, value = False, with_traceback(exc)
+        in_task[0] = False
         inbox.finished_chunk()
         elapsed = time.perf_counter() - start
         inbox.note_duration(elapsed)

@@ -13,6 +13,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, NoReturn
 
+from fibercore.errors import BackendUnavailableError
+
 #: Error codes worth another try after a pause (throttling, AWS-side hiccups).
 RETRYABLE = frozenset({
     "TooManyRequestsException", "ThrottlingException", "Throttling", "ThrottledException",
@@ -21,7 +23,7 @@ RETRYABLE = frozenset({
 })
 
 
-class AwsSetupError(RuntimeError):
+class AwsSetupError(RuntimeError, BackendUnavailableError):
     """AWS cannot be used as configured; the message says which setting to fix."""
 
 
@@ -37,7 +39,7 @@ def explain(exc: BaseException, doing: str) -> BaseException:
     import botocore.exceptions as be
 
     if isinstance(exc, be.NoRegionError):
-        return AwsSetupError(f"{doing}: no AWS region; set aws_region (FIBER_AWS_REGION) or AWS_REGION")
+        return AwsSetupError(f"{doing}: no AWS region; set aws_region (FIBER_AWS_REGION) or AWS_DEFAULT_REGION")
     if isinstance(exc, (be.NoCredentialsError, be.PartialCredentialsError)):
         return AwsSetupError(
             f"{doing}: no AWS credentials; set aws_profile (FIBER_AWS_PROFILE), AWS_ACCESS_KEY_ID and "

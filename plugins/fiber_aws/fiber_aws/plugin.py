@@ -106,13 +106,13 @@ class Backend:
 
     def submit(self, spec: Any) -> tuple[Any, list[str]]:
         """Submit ``spec``: the tracked job and the command line it runs."""
-        from fiber_aws.clients import call_with_backoff
+        from fiber_aws.clients import AwsSetupError, call_with_backoff
         from fiber_aws.requests import submit_request
         from fiber_aws.tracker import BatchJob
 
         image = spec.image or self.cfg.get("default_image")
         if not image and not self.cfg.get("aws_job_definition"):
-            raise ValueError(
+            raise AwsSetupError(
                 "no image for the Batch jobs: set image=... (FIBER_IMAGE) to an image your compute "
                 "environment can pull (e.g. from ECR; `python -m fiber_docker.image` builds one), or "
                 "aws_job_definition to a registered definition"
@@ -500,8 +500,14 @@ def fiber_doctor(config: Any) -> list[Any]:
         checks.append(Check(NAME, "AWS Batch reachable with these credentials", True,
                             config.get("aws_endpoint_url") or f"region {config.get('aws_region') or 'default'}"))
     except Exception as exc:
-        return [Check(NAME, "AWS Batch reachable with these credentials", False, f"{type(exc).__name__}: {exc}",
-                      "set credentials (AWS_PROFILE / aws_profile, or the environment) and aws_region")]
+        text = f"{type(exc).__name__}: {exc}"
+        if "region" in str(exc).lower():
+            fix = "set aws_region (FIBER_AWS_REGION) or AWS_DEFAULT_REGION to the region of your Batch queue"
+        elif "endpoint" in str(exc).lower() or "connect" in str(exc).lower():
+            fix = "check aws_endpoint_url (FIBER_AWS_ENDPOINT_URL) and the network path to it"
+        else:
+            fix = "set credentials (AWS_PROFILE / aws_profile, or the environment) with batch:Describe* rights"
+        return [Check(NAME, "AWS Batch reachable with these credentials", False, text, fix)]
     state = next((q for q in found if queue in (q.get("jobQueueName"), q.get("jobQueueArn"))), None)
     checks.append(Check(NAME, "job queue", bool(state and state.get("state") == "ENABLED"),
                         f"{queue}: {state.get('state') + ', ' + state.get('status', '') if state else 'not found'}"

@@ -25,13 +25,14 @@ import time
 from typing import Any
 
 from fiber_docker.options import CreateRequest, exit_code
+from fibercore.errors import BackendUnavailableError
 
 TAIL = 64 * 1024
 ENGINE_LABEL = "fiber-docker-engine"
 LOST_EXIT = 255  # a container that vanished without Docker reporting its exit
 
 
-class DockerUnavailable(RuntimeError):
+class DockerUnavailable(RuntimeError, BackendUnavailableError):
     """The Docker daemon cannot be reached."""
 
 

@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from fibercore.backendkit import signal_exit_code
+from fibercore.errors import BackendUnavailableError
 
 log = logging.getLogger("fiber_k8s")
 
@@ -35,7 +36,7 @@ HOPELESS = frozenset({"ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull", "
                       "CreateContainerConfigError", "CreateContainerError", "RunContainerError"})
 
 
-class KubernetesUnavailable(RuntimeError):
+class KubernetesUnavailable(RuntimeError, BackendUnavailableError):
     """The cluster's API cannot be reached or used as configured."""
 
 

@@ -15,6 +15,7 @@ import atexit
 import math
 import os
 import shlex
+import shutil
 import sys
 import threading
 from typing import Any
@@ -186,8 +187,13 @@ def fiber_doctor(config: Any) -> list[Any]:
         version = run(["sbatch", "--version"], timeout=10).strip()
         checks.append(Check(NAME, "Slurm client commands", True, version))
     except SlurmError as exc:
-        return [Check(NAME, "Slurm client commands", False, str(exc),
-                      "install Slurm's client commands (slurm-client) or load the site's slurm module")]
+        detail = str(exc).strip().splitlines()[-1]  # the command's last word (sbatch: fatal: ...)
+        if shutil.which("sbatch") is None:
+            fix = "install Slurm's client commands (apt-get install slurm-client) or load the site's slurm module"
+        else:
+            fix = ("sbatch is installed but finds no cluster: set SLURM_CONF to the cluster's slurm.conf, "
+                   "or run on a node of the cluster (a login node)")
+        return [Check(NAME, "Slurm client commands", False, detail, fix)]
     try:
         parts = run(["sinfo", "-h", "-o", "%P|%a|%D|%T"], timeout=10).split()
         usable = [p for p in parts if p.split("|")[1] == "up" and p.split("|")[3] not in ("down", "drained")]
