@@ -144,6 +144,7 @@ def _session_from_env(plugins: Plugins, cfg: _config.Config) -> tuple[str, bytes
 
 
 def build(init_values: dict[str, Any] | None = None) -> Runtime:
+    install_excepthook()  # before anything here can raise a ConfigError
     init_values = dict(init_values or {})
     file_values, file_name = _config.read_file_values()
     env_values = _config.read_env_values(os.environ)
@@ -170,7 +171,6 @@ def build(init_values: dict[str, Any] | None = None) -> Runtime:
         (session, secret), is_worker = _adopted, False
     else:
         session, secret, is_worker = secrets.token_hex(6), secrets.token_bytes(32), False
-        install_excepthook()
         log.info("fibercore session %s (its jobs carry the label fiber-session=%s; "
                  "`fiber cleanup --session %s` stops them)", session, session, session)
         # Children started through this process's own subprocesses share the session.

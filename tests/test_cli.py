@@ -66,7 +66,9 @@ def test_ctrl_c_stops_the_master_and_every_job_of_its_session(project):
     code, out, err = interrupt_when(["run", "--", "python", "app.py", "wait"], "waiting", cwd=project, env=LOCAL)
     assert code == 130, err
     session = re.search(r"session ([0-9a-f]+)", err).group(1)
-    assert "stopping the master" in err
+    last = err.strip().splitlines()[-1]
+    assert re.fullmatch(rf"fiber run: interrupted; the master \(\d+\) and every job of session {session} "
+                        r"are stopped", last), err
     deadline = time.monotonic() + 10
     while session_processes(session) and time.monotonic() < deadline:
         time.sleep(0.2)

@@ -9,7 +9,6 @@ import sys
 import pytest
 
 import fibercore as mp
-from fibercore.errors import ConfigError
 from tests import pool_tasks as T
 
 
@@ -73,10 +72,15 @@ def test_off_by_default_and_pool_or_config_turn_it_on(fresh_runtime, capsys):
     assert "4/4" in capsys.readouterr().err
 
 
-def test_without_tqdm_the_error_names_the_fix(pool, monkeypatch):
+def test_without_tqdm_a_plain_counter_shows_progress(pool, monkeypatch, capsys):
+    """Getting started's first program runs after `pip install fibercore` alone."""
     monkeypatch.setitem(sys.modules, "tqdm.auto", None)
-    with pytest.raises(ConfigError, match="pip install tqdm"):
-        pool.map(T.square, range(3), progress=True)
+    assert pool.map(T.square, range(30), chunksize=3, progress=True) == [x * x for x in range(30)]
+    err = capsys.readouterr().err
+    assert re.fullmatch(r"map: 30/30 tasks \(100%\), [0-9.]+ tasks/s\n", err), repr(err)
+    buf = io.StringIO()
+    list(pool.imap(T.square, iter(range(5)), progress={"file": buf, "desc": "gen", "unit": "rollout"}))
+    assert re.fullmatch(r"gen: 5 rollouts, [0-9.]+ rollouts/s\n", buf.getvalue()), repr(buf.getvalue())
 
 
 def test_a_bad_progress_value_is_a_type_error(pool):

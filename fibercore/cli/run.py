@@ -89,7 +89,10 @@ def _image(args: argparse.Namespace, cfg: Any) -> str | None:
     try:
         from fiber_docker.project import build_project_image, push_image
     except ImportError:
-        raise ConfigError("--build uses Docker to build the image: pip install fiber-docker") from None
+        from fibercore.plugins import install_hint
+
+        raise ConfigError(f"--build builds the image with fiber-docker, which is not installed: "
+                          f"{install_hint('fiber-docker')}") from None
     base = args.base or cfg.get("image") or cfg.get("default_image")
     image = build_project_image(args.build, base=base, log=lambda text: print(text, file=sys.stderr))
     if args.push:

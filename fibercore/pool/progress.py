@@ -1,17 +1,21 @@
-"""A tqdm progress bar over one ``map``/``imap`` call, advanced as chunks complete.
+"""A progress bar over one ``map``/``imap`` call, advanced as chunks complete.
 
 Off by default. ``Pool(progress=True)``, ``pool.map(f, xs, progress=True)`` or the config
 key ``pool_progress`` turns it on; a dict (``progress={"desc": "rollouts"}``) is passed to
 ``tqdm`` as keyword arguments. The bar is advanced from the pool's result thread, by the
 number of items of each finished chunk, and closed when the call's last chunk is in.
+
+With tqdm installed (``pip install 'fibercore[progress]'``) the bar is tqdm's (notebooks
+too); without it, a plain one-line counter on stderr (``desc``, ``total``, ``unit`` and ``file``
+of the dict are used, the other tqdm arguments ignored).
 """
 
 from __future__ import annotations
 
+import sys
 import threading
+import time
 from typing import Any
-
-from fibercore.errors import ConfigError
 
 ProgressArg = bool | dict[str, Any] | None
 
@@ -33,17 +37,15 @@ class Progress:
     """One bar: ``items(n)`` when a chunk of n items is in, ``chunks(n)`` once their number is known."""
 
     def __init__(self, what: str, total: int | None, options: dict[str, Any]) -> None:
-        try:
-            from tqdm.auto import tqdm
-        except ImportError:
-            raise ConfigError(
-                "a progress bar was asked for (progress=True or pool_progress) but tqdm is not "
-                "installed: pip install tqdm (or pip install 'fibercore[progress]'), or turn it off"
-            ) from None
         options.setdefault("desc", what)
         options.setdefault("total", total)
         options.setdefault("unit", "task")
-        self._bar = tqdm(**options)
+        try:
+            from tqdm.auto import tqdm
+        except ImportError:
+            self._bar: Any = PlainBar(options["desc"], options["total"], options["unit"], options.get("file"))
+        else:
+            self._bar = tqdm(**options)
         self._lock = threading.Lock()
         self._chunks_done = 0
         self._chunks_total: int | None = None
@@ -74,3 +76,44 @@ class Progress:
         if not self._closed:
             self._closed = True
             self._bar.close()
+
+
+class PlainBar:
+    """The bar without tqdm: ``desc: 12/40 tasks (30%), 85.1 tasks/s`` on one line of stderr
+    (or ``file``), redrawn at most 10 times a second on a terminal, printed once at the end
+    elsewhere."""
+
+    def __init__(self, desc: str, total: int | None, unit: str, file: Any = None) -> None:
+        self.desc, self.total, self.unit = desc, total, unit
+        self.n = 0
+        self._file = file
+        self._start = self._drawn = time.monotonic()
+        out = self._out()
+        self._tty = hasattr(out, "isatty") and out.isatty()
+
+    def _out(self) -> Any:
+        return self._file if self._file is not None else sys.stderr
+
+    def update(self, n: int) -> None:
+        self.n += n
+        now = time.monotonic()
+        if self._tty and now - self._drawn >= 0.1:
+            self._drawn = now
+            self._draw("\r")
+
+    def close(self) -> None:
+        self._draw("\r" if self._tty else "", end="\n")
+
+    def line(self) -> str:
+        elapsed = max(time.monotonic() - self._start, 1e-9)
+        done = f"{self.n}/{self.total}" if self.total is not None else f"{self.n}"
+        share = f" ({100 * self.n // self.total}%)" if self.total else ""
+        return f"{self.desc}: {done} {self.unit}s{share}, {self.n / elapsed:.1f} {self.unit}s/s"
+
+    def _draw(self, start: str, end: str = "") -> None:
+        try:
+            out = self._out()
+            out.write(f"{start}{self.line()}{end}")
+            out.flush()
+        except (OSError, ValueError):  # stderr closed: the counter is not worth an error
+            pass

@@ -90,7 +90,7 @@ class Scheduler:
             raise ValueError("Pool not running")
         broken = self.supervision.broken
         if broken is not None:
-            raise ProcessError(f"{self.name} cannot run tasks: {broken}") from broken
+            raise type(broken)(str(broken)) from broken  # the same error each call, a new traceback
 
     def new_batch(self, kind: int, func: Callable[..., Any] | None, sink: Any, what: str) -> Batch:
         return self.dispatch.new_batch(kind, func, sink, what)

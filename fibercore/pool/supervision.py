@@ -278,7 +278,7 @@ class Supervision:
             if self.broken is not None:
                 return
             kind = type(exc) if same_kind and isinstance(exc, ProcessError) else ProcessError
-            self.broken = kind(f"{why}: {exc}")
+            self.broken = kind(f"{pool.name} cannot run tasks: {why}: {exc}")
             self.broken.__cause__ = exc if debug_enabled() or not same_kind else None
             if not deliver_cause:
                 exc = self.broken

@@ -80,7 +80,8 @@ class Engine:
         try:
             from kubernetes import client, config
         except ImportError as exc:  # pragma: no cover - fiber-k8s depends on it
-            raise KubernetesUnavailable("the kubernetes client is not installed: pip install fiber-k8s") from exc
+            raise KubernetesUnavailable("the kubernetes client is not installed: reinstall fiber-k8s "
+                                        "(it depends on it) or pip install kubernetes") from exc
         self.cfg = cfg
         kubeconfig = cfg.get("k8s_kubeconfig") or None
         context = cfg.get("k8s_context") or None
