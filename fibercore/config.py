@@ -32,13 +32,28 @@ log = logging.getLogger("fibercore.config")
 _LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 
+class LogLevel(str):
+    """A level's name (``"info"``) that also equals its number (``logging.INFO``), as the
+    original fiber's ``config.log_level`` was the number."""
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, int) and not isinstance(other, bool):
+            return logging.getLevelName(self.upper()) == other
+        return str.__eq__(self, other)
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    __hash__ = str.__hash__
+
+
 def _log_level(value: Any) -> str:
     if isinstance(value, int) or (isinstance(value, str) and value.strip().isdigit()):
-        return logging.getLevelName(int(value)).lower()
+        return LogLevel(logging.getLevelName(int(value)).lower())
     text = str(value).strip().lower()
     if text not in _LOG_LEVELS:
         raise ValueError(f"expected one of {', '.join(_LOG_LEVELS)} or a number; got {value!r}")
-    return text
+    return LogLevel(text)
 
 
 _log_level.__name__ = "log level"
@@ -85,6 +100,14 @@ LEGACY_KEYS: dict[str, str] = {
     "merge_output": "use fibercore.Process logs or the backend's log command",
     "use_bash": "commands are always run without a shell",
 }
+#: Their types and the original fiber's defaults: readable as before (``config.ipc_active``).
+LEGACY_OPTIONS: dict[str, Option] = {
+    "use_push_queue": Option("use_push_queue", bool, True, LEGACY_KEYS["use_push_queue"]),
+    "ipc_active": Option("ipc_active", bool, True, LEGACY_KEYS["ipc_active"]),
+    "ipc_admin_worker_port": Option("ipc_admin_worker_port", int, 8000, LEGACY_KEYS["ipc_admin_worker_port"]),
+    "merge_output": Option("merge_output", bool, False, LEGACY_KEYS["merge_output"]),
+    "use_bash": Option("use_bash", bool, False, LEGACY_KEYS["use_bash"]),
+}
 
 #: Keys provided by plugins of this project, for a useful hint when one is missing.
 PLUGIN_KEY_HINTS: dict[str, str] = {
@@ -124,12 +147,23 @@ PER_PROCESS_KEYS = frozenset({"listen_host", "bind_host"})
 
 
 class Config(Mapping[str, Any]):
-    """The effective configuration: read-only, typed, with the origin of each value."""
+    """The effective configuration: read-only, typed, with the origin of each value.
 
-    def __init__(self, options: dict[str, Option], values: dict[str, Any], origins: dict[str, str]):
+    ``Config(conf_file="my.ini")`` is the original fiber's constructor: the defaults, that
+    INI file's ``[default]`` section, then ``FIBER_*`` variables (an unknown key in the file
+    raises ``ValueError``). fibercore itself builds one from every source (see the module).
+    """
+
+    def __init__(self, options: dict[str, Option] | None = None, values: dict[str, Any] | None = None,
+                 origins: dict[str, str] | None = None, *, conf_file: str | os.PathLike[str] | None = None,
+                 legacy: dict[str, Any] | None = None):
+        if options is None:  # fiber's Config(conf_file=...)
+            built = _from_file(conf_file)
+            options, values, origins, legacy = built._options, built._values, built._origins, built._legacy
         self._options = options
-        self._values = values
-        self._origins = origins
+        self._values = values or {}
+        self._origins = origins or {}
+        self._legacy = legacy or {}
 
     def __getitem__(self, key: str) -> Any:
         return self._values[key]
@@ -141,10 +175,21 @@ class Config(Mapping[str, Any]):
         return len(self._values)
 
     def __getattr__(self, key: str) -> Any:
+        if key.startswith("_"):
+            raise AttributeError(key)
         try:
             return self._values[key]
         except KeyError:
+            if key in LEGACY_OPTIONS:
+                return self._legacy.get(key, LEGACY_OPTIONS[key].default)
             raise AttributeError(unknown_key_message(key, self._options)) from None
+
+    def select_backend(self, name: str) -> None:
+        """Record the backend that was selected (by detection or the default) when no source
+        named one, so ``backend`` reads the same in the master and in its jobs."""
+        if self._values.get("backend") is None:
+            self._values["backend"] = name
+            self._origins.setdefault("backend", "selected: detection or default_backend")
 
     def origin(self, key: str) -> str:
         """Where the value of ``key`` came from (default, a file, FIBER_KEY, init())."""
@@ -204,25 +249,44 @@ def unknown_variable_message(name: str, options: Mapping[str, Option]) -> str:
     return f"fibercore: ignoring {name}: no config key of that name (`fiber config --all` lists them)"
 
 
+def _from_file(conf_file: str | os.PathLike[str] | None) -> Config:
+    """The original fiber's ``Config(conf_file)``: defaults < that file < ``FIBER_*``."""
+    from fibercore import runtime
+
+    options: list[Option] = list(CORE_OPTIONS)
+    if runtime._runtime is not None:  # the running backend's keys too (kubernetes_namespace...)
+        options += runtime._runtime.plugins.config_options()
+    if conf_file is None:
+        file_values, file_name = read_file_values()
+    else:
+        file_values, file_name = read_ini(Path(conf_file)) if Path(conf_file).is_file() else ({}, None)
+    return build_config(options, file_values, file_name, read_env_values(os.environ), {})
+
+
+def read_ini(candidate: Path) -> tuple[dict[str, str], str]:
+    """The ``[default]`` section of an INI file (``.fiberconfig``), and its name."""
+    parser = configparser.ConfigParser()
+    try:
+        parser.read(candidate)
+    except configparser.Error as exc:
+        raise ConfigError(f"cannot parse {candidate}: {exc}. It must be INI with a [default] section.") from exc
+    others = [name for name in parser.sections() if name != "default"]
+    if others:
+        raise ConfigError(
+            f"{candidate}: unknown section [{others[0]}]; fibercore reads the [default] section "
+            f"only (as the original fiber): rename it to [default]")
+    section = "default" if parser.has_section("default") else None
+    values = dict(parser.items(section)) if section else dict(parser.defaults())
+    return values, str(candidate)
+
+
 def read_file_values(cwd: str | os.PathLike[str] | None = None) -> tuple[dict[str, str], str | None]:
     """Raw values from ``.fiberconfig`` or ``[tool.fiber]`` in pyproject.toml, and the file used."""
     base = Path(cwd or os.getcwd())
     explicit = os.environ.get("FIBER_CONFIG_FILE")
     candidate = Path(explicit) if explicit else base / ".fiberconfig"
     if candidate.is_file():
-        parser = configparser.ConfigParser()
-        try:
-            parser.read(candidate)
-        except configparser.Error as exc:
-            raise ConfigError(f"cannot parse {candidate}: {exc}. It must be INI with a [default] section.") from exc
-        others = [name for name in parser.sections() if name != "default"]
-        if others:
-            raise ConfigError(
-                f"{candidate}: unknown section [{others[0]}]; fibercore reads the [default] section "
-                f"only (as the original fiber): rename it to [default]")
-        section = "default" if parser.has_section("default") else None
-        values = dict(parser.items(section)) if section else dict(parser.defaults())
-        return values, str(candidate)
+        return read_ini(candidate)
     pyproject = base / "pyproject.toml"
     if pyproject.is_file():
         try:
@@ -279,6 +343,7 @@ def build_config(
         table[opt.name] = opt
     values = {name: opt.default for name, opt in table.items()}
     origins: dict[str, str] = {}
+    legacy: dict[str, Any] = {}
 
     def apply(source: Mapping[str, Any], origin_of: Any, strict: bool) -> None:
         for key, raw in source.items():
@@ -289,6 +354,10 @@ def build_config(
                     f"{LEGACY_KEYS[key]}.",
                     stacklevel=4,
                 )
+                try:
+                    legacy[key] = LEGACY_OPTIONS[key].convert(raw)
+                except (TypeError, ValueError):
+                    pass  # it has no effect either way
                 continue
             opt = table.get(key)
             if opt is None:
@@ -311,7 +380,7 @@ def build_config(
     apply(file_values, lambda k: file_name or "config file", strict=True)
     apply(env_values, lambda k: f"environment variable FIBER_{k.upper()}", strict=False)
     apply(init_values, lambda k: f"fibercore.init({k}=...)", strict=True)
-    return Config(table, values, origins)
+    return Config(table, values, origins, legacy=legacy)
 
 
 # -- uber/fiber compatibility: ``fiber.config.<key>`` and ``fiber.config.get_dict()`` -------------

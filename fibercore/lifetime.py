@@ -80,14 +80,24 @@ def _start_reaper() -> None:
             threading.Thread(target=_reap, args=(r,), name="fiber-reaper", daemon=True).start()
 
 
+_running: dict[int, int] = {}  # clean-ups under way: key -> the thread running it
+_finished = threading.Condition(_lock)
+
+
 def _run(key: int) -> None:
-    entry = _due.pop(key, None)
-    if entry is None:
-        return
+    with _lock:
+        entry = _due.pop(key, None)
+        if entry is None:
+            return
+        _running[key] = threading.get_ident()
     try:
         entry[1]()
     except Exception:
         log.exception("clean-up of a collected object failed")
+    finally:
+        with _lock:
+            _running.pop(key, None)
+            _finished.notify_all()
 
 
 def _reap(fd: int) -> None:
@@ -98,6 +108,22 @@ def _reap(fd: int) -> None:
             return
         while _collected:
             _run(_collected.popleft())
+
+
+def run_collected(timeout: float = 30.0) -> None:
+    """Run now, on this thread, the clean-ups of objects already collected, and wait for any
+    the reaper is running: what this process started and dropped is gone when this returns
+    (``active_children()`` calls it, as multiprocessing's finalizers run at collection).
+    Never call it from a garbage-collector callback."""
+    while _collected:
+        try:
+            key = _collected.popleft()
+        except IndexError:
+            break
+        _run(key)
+    me = threading.get_ident()
+    with _lock:  # not for the clean-ups this thread itself is inside of
+        _finished.wait_for(lambda: all(thread == me for thread in _running.values()), timeout)
 
 
 def run_at_exit() -> None:

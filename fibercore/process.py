@@ -398,7 +398,11 @@ def _cleanup() -> None:
 
 
 def active_children() -> list[Process]:
-    """Children started by this process that are still running."""
+    """Children started by this process that are still running (a pool or manager dropped
+    without closing it is stopped first, as multiprocessing's finalizers do on collection)."""
+    from fibercore import lifetime
+
+    lifetime.run_collected()
     _cleanup()
     with _children_lock:
         return list(_children)

@@ -91,21 +91,50 @@ _extra_plugins: list[Any] = []
 _adopted: tuple[str, bytes] | None = None  # credentials a multiprocessing parent handed over
 
 
-def _setup_logging(cfg: _config.Config) -> None:
+def _setup_logging(cfg: _config.Config, process_name: str | None = None) -> None:
+    """fibercore's logger at the configured level, to stderr or to ``log_file``.
+
+    ``log_file=dir/name.log`` writes one file per process, ``name.log.MainProcess``,
+    ``name.log.Process-3``... (the original fiber's layout: a job never writes into its
+    master's file), creating ``dir``. In a job the file is opened once its process has its
+    name (``process_name``, from the worker's start-up). ``log_file=stdout``: standard output.
+    """
+    import sys
+
     logger = logging.getLogger("fibercore")
     level = "debug" if cfg.get("debug") else cfg.get("log_level", "warning")
     logger.setLevel(level.upper())
     path = cfg.get("log_file")
-    if path and not any(getattr(h, "_fiber", False) for h in logger.handlers):
-        if path == "stdout":
-            import sys
+    if process_name is None and os.environ.get("FIBER_MASTER_ADDR") and path and path != "stdout":
+        return  # a job before its name is known: see fibercore.worker
+    target = path if not path or path == "stdout" else f"{path}.{process_name or _main_process_name()}"
+    for old in [h for h in logger.handlers if getattr(h, "_fiber", None) is not None]:
+        if old._fiber == target:  # type: ignore[attr-defined]
+            return
+        logger.removeHandler(old)
+        old.close()
+    if not target:
+        return
+    if target == "stdout":
+        handler: logging.Handler = logging.StreamHandler(sys.stdout)
+    else:
+        os.makedirs(os.path.dirname(os.path.abspath(target)), exist_ok=True)
+        handler = logging.FileHandler(target, mode="a")
+    handler._fiber = target  # type: ignore[attr-defined]
+    handler.setFormatter(logging.Formatter(
+        "%(asctime)s %(levelname)s:%(processName)s(%(process)d):%(threadName)s %(name)s: %(message)s"))
+    logger.addHandler(handler)
 
-            handler: logging.Handler = logging.StreamHandler(sys.stdout)
-        else:
-            handler = logging.FileHandler(path, mode="a")
-        handler._fiber = True  # type: ignore[attr-defined]
-        handler.setFormatter(logging.Formatter("%(asctime)s %(processName)s %(name)s %(levelname)s %(message)s"))
-        logger.addHandler(handler)
+
+def _main_process_name() -> str:
+    from fibercore.process import current_process
+
+    return current_process().name
+
+
+def setup_job_logging(process_name: str) -> None:
+    """In a job, once its process has its name: the per-process log file (if one is set)."""
+    _setup_logging(get_runtime().config, process_name)
 
 
 def _read_secret_fd(fd: int) -> dict[str, str]:
@@ -162,8 +191,11 @@ def build(init_values: dict[str, Any] | None = None) -> Runtime:
     options = list(_config.CORE_OPTIONS) + plugins.config_options()
     cfg = _config.build_config(options, file_values, file_name, env_values, init_values,
                                backend_defaults=plugins.config_defaults())
+    cfg.select_backend(plugins.backend)
     _setup_logging(cfg)
-    found = _session_from_env(plugins, cfg)
+    # A multiprocessing child of a job inherits the job's FIBER_SESSION but not its secret
+    # (read once, from a pipe or a file): what its parent handed over comes first.
+    found = None if _adopted is not None else _session_from_env(plugins, cfg)
     if found is not None:
         session, secret = found
         is_worker = bool(os.environ.get("FIBER_MASTER_ADDR"))

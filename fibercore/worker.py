@@ -39,6 +39,19 @@ def exit_job(message: str, code: int) -> None:
     os._exit(code)
 
 
+#: The entry ``python -m fibercore.worker`` put first on ``sys.path`` (the job's starting
+#: directory), which is the job's, not the program's.
+_STARTED_IN = None if getattr(sys.flags, "safe_path", False) else (sys.path[0] if sys.path else None)
+
+
+def job_sys_path(master: list[str], own: list[str], started_in: str | None) -> list[str]:
+    """The master's ``sys.path``, in its order, then what only this job's interpreter has
+    (its own site-packages in a container), without the entry ``-m`` added for the job's
+    starting directory: a job imports what its master imports, as a multiprocessing child."""
+    known = set(master)
+    return list(master) + [p for p in own if p not in known and p != started_in]
+
+
 def exit_quietly(code: int) -> None:
     """End this job now with ``code`` and no message (a Ctrl-C that found it idle)."""
     try:
@@ -113,9 +126,7 @@ def main() -> int:
                 exit_job(f"the master refused this worker: {bytes(parts[0]).decode()}", EXIT_BOOTSTRAP_FAILED)
 
     prep = pickle.loads(prep_parts[0])  # authenticated: unseal() checked the frame
-    for entry in reversed(prep["sys_path"]):
-        if entry not in sys.path:
-            sys.path.insert(0, entry)
+    sys.path[:] = job_sys_path(prep["sys_path"], sys.path, _STARTED_IN)
     if os.path.isdir(prep["cwd"]):
         os.chdir(prep["cwd"])
     if "argv" in prep:
@@ -155,6 +166,12 @@ def main() -> int:
 
     if "name" in prep:  # objects unpickled with the Process (a barrier's party) know whose they are
         _process.current_process().name = prep["name"]
+        import multiprocessing
+
+        multiprocessing.current_process().name = prep["name"]  # logging's %(processName)s
+        from fibercore.runtime import setup_job_logging
+
+        setup_job_logging(prep["name"])
     process_obj = rt.serializer.loads(prep_parts[1:])
     parent = _process._ParentProcess(prep["parent_name"], prep["parent_pid"], prep["parent_host"],
                                      connected.is_set)

@@ -58,7 +58,10 @@ class Pool:
       ``max_processes``: adaptive size between these bounds, following the backlog;
       ``idle_timeout``: seconds of low backlog before the adaptive mode shrinks;
       ``progress``: a tqdm bar for every map/imap of this pool (True, or a dict of tqdm
-      arguments; config ``pool_progress``); each map/imap call also takes ``progress=``.
+      arguments; config ``pool_progress``); each map/imap call also takes ``progress=``;
+      ``error_handling``: the original fiber's resilient pool: a task whose function
+      raised runs again, up to ``max_task_retries`` times, before its exception is the
+      result (default False: raised at once, as multiprocessing).
     """
 
     def __init__(
@@ -79,8 +82,6 @@ class Pool:
         error_handling: bool | None = None,
         progress: ProgressArg = None,
     ) -> None:
-        # error_handling: the original fiber's switch to a resilient pool; every
-        # fibercore pool reruns a dead worker's tasks, so it is accepted and has no effect.
         self._core: Scheduler | None = None
         rt = get_runtime()
         cfg = rt.config
@@ -124,6 +125,7 @@ class Pool:
             min_size=min_processes,
             max_size=max_processes,
             idle_timeout=idle_timeout,
+            error_retries=int(retries) if error_handling else 0,
         )
         # A pool nobody closes is terminated when collected or at exit (never from
         # the collector's own thread: see fibercore.lifetime).

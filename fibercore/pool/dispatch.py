@@ -256,8 +256,15 @@ class Dispatch:
             chunk = self.chunks.get(cid)
         if chunk is None or chunk.done:
             return  # a duplicate: the chunk's first result already won
-        chunk.done = True
         self._note_time(micros)
+        if not ok and chunk.errors < self.pool.error_retries and self.pool.state != TERMINATE:
+            # error_handling (the original fiber's resilient pool): the function raised; run
+            # the chunk again, a bounded number of times, before its error is the result.
+            chunk.errors += 1
+            self.pool.stats["rerun_after_error"] += 1
+            self.requeue_front([chunk])
+            return
+        chunk.done = True
         deliveries.append((chunk, ok, parts))
 
     def take_back(self, w: WorkerSlot, cids: list[int]) -> None:

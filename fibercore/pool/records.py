@@ -37,7 +37,7 @@ class Batch:
 class Chunk:
     """A slice of a batch; the unit that is queued, sent, retried and answered."""
 
-    __slots__ = ("cid", "batch", "index", "payload", "attempts", "done", "last_worker")
+    __slots__ = ("cid", "batch", "index", "payload", "attempts", "errors", "done", "last_worker")
 
     def __init__(self, cid: int, batch: Batch, index: int, payload: list[Any]) -> None:
         self.cid = cid
@@ -45,6 +45,7 @@ class Chunk:
         self.index = index
         self.payload = payload
         self.attempts = 0
+        self.errors = 0  # times its function raised and it was run again (error_handling)
         self.done = False
         self.last_worker: WorkerSlot | None = None
 

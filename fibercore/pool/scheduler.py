@@ -54,7 +54,8 @@ class Scheduler:
 
     def __init__(self, *, processes: int, initializer: Callable[..., Any] | None, initargs: tuple[Any, ...],
                  maxtasks: int | None, resources: dict[str, Any], retries: int, name: str,
-                 min_size: int | None = None, max_size: int | None = None, idle_timeout: float = 10.0) -> None:
+                 min_size: int | None = None, max_size: int | None = None, idle_timeout: float = 10.0,
+                 error_retries: int = 0) -> None:
         rt = get_runtime()
         self.rt = rt
         self.serializer = rt.serializer
@@ -64,6 +65,8 @@ class Scheduler:
         self.maxtasks = maxtasks
         self.resources = resources
         self.retries = retries
+        #: Times a chunk whose function raised is run again before the error is its result.
+        self.error_retries = error_retries
         self.channel = rt.listen("router")
         self.address = self.channel.address
         self.lock = threading.RLock()
@@ -71,7 +74,7 @@ class Scheduler:
         self.state = RUN
         #: Set once join() let the workers go (or terminate()): nothing is started again.
         self.finished = False
-        self.stats = {"retried_chunks": 0, "replaced_workers": 0, "stolen_chunks": 0}
+        self.stats = {"retried_chunks": 0, "replaced_workers": 0, "stolen_chunks": 0, "rerun_after_error": 0}
 
         self.dispatch = Dispatch(self)
         self.supervision = Supervision(self, min_size, max_size, idle_timeout)
