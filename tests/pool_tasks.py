@@ -95,3 +95,17 @@ def exit_at(x: int, at: int = 25, code: int = 3) -> int:
 
 def identity(x: Any) -> Any:
     return x
+
+
+def random_error_worker(i: int) -> int:
+    """The original fiber's test task: raises ValueError 5% of the time."""
+    import random
+
+    time.sleep(0.01)
+    if random.random() < 0.05:
+        raise ValueError
+    return i
+
+
+def raise_value_error(message: str) -> None:
+    raise ValueError(message)

@@ -271,3 +271,27 @@ def test_thousands_of_calls_in_flight_all_answered_in_order():
             values = [h.get(60) for h in handles]
             assert values == [round_ * 200 + i // 16 + 1 for i in range(3200)]
         assert stats["rejected_frames"] == before
+
+
+def test_shutdown_and_exit_are_quick_and_the_server_is_gone_when_they_return():
+    """As multiprocessing's: milliseconds, and no manager job left in active_children()."""
+    import gc
+
+    for _ in range(3):
+        m = mp.Manager()
+        m.dict()["a"] = 1
+        start = time.perf_counter()
+        m.shutdown()
+        assert time.perf_counter() - start <= 0.1
+        assert mp.active_children() == []
+    for _ in range(3):
+        with mp.Manager() as m:
+            m.list([1])
+            start = time.perf_counter()
+        assert time.perf_counter() - start <= 0.1
+        assert mp.active_children() == []
+    m = mp.Manager()
+    m.dict()
+    del m
+    gc.collect()
+    assert mp.active_children() == []  # a dropped manager is stopped by then

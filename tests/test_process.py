@@ -141,3 +141,39 @@ def test_fiber_cleanup_kills_leftover_workers(tmp_path):
     finally:
         master.kill()
         master.wait(10)
+
+
+def test_a_jobs_sys_path_is_its_masters(tmp_path):
+    """Run from another directory than the script's: the job's path is the master's, not
+    the job's starting directory first (python -m fibercore.worker adds it)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "app.py").write_text(textwrap.dedent('''
+        import sys
+        import fibercore as mp
+
+        def show(q):
+            import sys
+            q.put(list(sys.path))
+
+        if __name__ == "__main__":
+            q = mp.SimpleQueue()
+            p = mp.Process(target=show, args=(q,))
+            p.start()
+            child = q.get()
+            p.join()
+            print(child == sys.path, child[:3], sys.path[:3])
+    '''))
+    done = subprocess.run([sys.executable, "sub/app.py"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120)
+    assert done.stdout.startswith("True "), done.stdout + done.stderr
+
+
+def test_job_sys_path_keeps_what_only_the_job_has():
+    from fibercore.worker import job_sys_path
+
+    assert job_sys_path(["/app", "/m/site"], ["/start", "/j/site", "/m/site"], "/start") == \
+        ["/app", "/m/site", "/j/site"]
