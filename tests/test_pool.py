@@ -453,3 +453,19 @@ def test_big_numpy_arrays_both_ways_with_a_busy_submitter():
         for _ in range(3):
             out = p.map_async(T.identity, items, 1).get(timeout=120)
             assert [float(o[0]) for o in out] == [float(i) for i in range(12)]
+
+
+def test_a_task_submitted_as_the_pool_breaks_fails_instead_of_waiting():
+    """The pool may break (its jobs cannot start) between a call's check and its chunks'
+    arrival: those chunks fail with the pool's error, as the ones already queued do."""
+    from fibercore.pool import protocol as P
+    from fibercore.pool.results import ApplyResult
+
+    with mp.Pool(1) as p:
+        core = p._core
+        core.supervision.break_pool(ProcessError("no job can start"), "test")
+        result = ApplyResult(None, None)
+        batch = core.new_batch(P.APPLY, T.square, result, "apply")
+        core.add_chunk(batch, 0, core.serializer.dumps((T.square, (3,), {})))
+        with pytest.raises(ProcessError, match="no job can start"):
+            result.get(timeout=5)

@@ -82,10 +82,16 @@ class Dispatch:
         with self.pool.lock:
             if self.pool.state == TERMINATE:
                 raise ValueError("Pool not running")
-            chunk = Chunk(next(self._cids), batch, index, payload)
-            self.chunks[chunk.cid] = chunk
-            self.queue.append(chunk)
-            self.pump()
+            failure = self.pool.supervision.task_error
+            if failure is None:
+                chunk = Chunk(next(self._cids), batch, index, payload)
+                self.chunks[chunk.cid] = chunk
+                self.queue.append(chunk)
+                self.pump()
+                return
+        # The pool broke after the call checked it (its first job failed to start meanwhile):
+        # this chunk fails as the queued ones did, rather than wait for a worker forever.
+        self.fail_chunk_now(batch, index, failure)
 
     def fail_chunk_now(self, batch: Batch, index: int, exc: BaseException) -> None:
         """Deliver a failure that happened in the master (e.g. the input iterable raised)."""

@@ -70,6 +70,8 @@ class Supervision:
         self.pool = pool
         #: Why nothing can run (the initializer raises, jobs never start); None while healthy.
         self.broken: BaseException | None = None
+        #: The error tasks of a broken pool fail with (``broken``, or the user's own exception).
+        self.task_error: BaseException | None = None
         self.failures_in_a_row = 0
         self.next_spawn_at = 0.0
         self.min_size = min_size
@@ -282,6 +284,7 @@ class Supervision:
             self.broken.__cause__ = exc if debug_enabled() or not same_kind else None
             if not deliver_cause:
                 exc = self.broken
+            self.task_error = exc  # what every task gets, including ones submitted from now on
             pending = list(pool.dispatch.chunks.values())
             pool.dispatch.queue.clear()
             workers = list(pool.fleet.workers.values())
