@@ -50,7 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_backend(p := add("config", info.config, "print the effective configuration and where each value came from"))
     p.add_argument("keys", nargs="*", metavar="KEY", help="only these keys")
     p.add_argument("--all", action="store_true", help="also the keys left at their default")
-    p = add("doctor", info.doctor, "check each installed backend: reachable? credentials? image? (with fixes)")
+    p = add("doctor", info.doctor, "check the selected backend, then each other installed one: reachable? "
+                                   "credentials? image? (with fixes)")
     p.add_argument("--backend", action="append", help="check only this backend (repeatable)")
     add("backends", info.backends, "list installed backends and plugins, their contract and hooks")
     _add_backend(p := add("cleanup", jobs.cleanup, "remove jobs a crashed master left behind"))
