@@ -90,6 +90,7 @@ def test_the_site_builds_strict(tmp_path):
     assert_api_page_reads_well(tmp_path / "site")
 
 
+
 def assert_api_page_reads_well(site: Path) -> None:
     """The API page: headings with the names users import, no raw Sphinx roles."""
     api = (site / "api" / "index.html").read_text()
@@ -106,7 +107,8 @@ def assert_api_page_reads_well(site: Path) -> None:
 @pytest.mark.slow
 def test_the_docs_build_with_only_the_core_the_local_backend_and_the_docs_extra(tmp_path):
     """As the README says: pip install -e ".[docs]" (with fiber-local) in a new venv, then
-    mkdocs build --strict. Pages of backends that are not installed say how to install them."""
+    mkdocs build --strict. Pages of backends that are not installed say how to install them;
+    Getting started's first program runs there."""
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "-c", str(ROOT / "constraints.txt")]
@@ -125,3 +127,13 @@ def test_the_docs_build_with_only_the_core_the_local_backend_and_the_docs_extra(
     assert "fiber-aws is not installed where this page was built" in aws
     assert "pip install -e plugins/fiber_aws" in aws
     assert_api_page_reads_well(tmp_path / "site")
+    # Getting started's first program, in this venv (no tqdm: the plain counter)
+    first = re.search(r"## A first program\n\n```python\n(.*?)```", (DOCS / "getting-started.md").read_text(), re.S)
+    assert first, "getting-started.md has no first program"
+    (tmp_path / "first.py").write_text(first.group(1))
+    assert "tqdm" not in listed
+    ran = subprocess.run([str(venv / "bin" / "python"), "first.py"], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=120)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.strip() == str([x * x for x in range(10)])
+    assert re.fullmatch(r"map: 10/10 tasks \(100%\), [0-9.]+ tasks/s\n", ran.stderr), ran.stderr
