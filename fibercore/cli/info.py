@@ -123,11 +123,14 @@ def doctor(args: argparse.Namespace) -> int:
             print("  ?    this backend's plugin has no checks (fiber_doctor)")
         for check in checks:
             mark = "ok " if check.ok else "no "
-            detail = f": {check.detail}" if check.detail else ""
+            text = check.detail or ""
+            if not check.ok and check.fix and check.fix in text:  # said once, on the fix line
+                text = text.replace(check.fix, "").strip(" ;,.")
+            detail = f": {text}" if text else ""
             print(f"  {mark}  {check.what}{detail}")
             if not check.ok:
                 failed += 1
-                if check.fix and check.fix not in detail:
+                if check.fix:
                     print(f"       fix: {check.fix}")
         if index == 0 or args.backend:
             failed_selected += failed - before
