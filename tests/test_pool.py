@@ -370,6 +370,10 @@ def test_chaos_10k_tasks_with_workers_killed_repeatedly():
         while not settled() and time.monotonic() < deadline:
             time.sleep(0.05)
         core = p._core
+        if not settled():  # where every thread is (the supervisor's above all), for the report
+            import faulthandler
+
+            faulthandler.dump_traceback(all_threads=True)
         assert settled(), "not settled: " + repr((
             core.fleet.target, core.fleet._launching, len(core.fleet._unlaunched),
             core.supervision.next_spawn_at - time.monotonic(), core.supervision.failures_in_a_row,
