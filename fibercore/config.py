@@ -136,6 +136,7 @@ ENV_SWITCHES = frozenset(
         "FIBER_MASTER_PYTHON",
         # The checkout's scripts (scripts/run, scripts/test):
         "FIBER_VENV",
+        "FIBER_DRIFT_VENV",
         "FIBER_SKIP_K8S_BUILD",
     }
 )

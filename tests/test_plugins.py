@@ -236,5 +236,6 @@ def test_fiber_backends_shows_the_contract_versions(capsys):
     assert re.search(r"^  local\s+-\s+fiber-local \S+\s+2\s+fiber_local.plugin$", out, re.M), out
     # each backend once, its other names in the aliases column
     backends = out.split("Selected backend")[0]
-    assert re.search(r"^  kubernetes\s+k8s\s+fiber-k8s", backends, re.M), out
-    assert not re.search(r"^  k8s\s", backends, re.M), out
+    if "kubernetes" in installed_backends():  # not in scripts/drift's core-only venv
+        assert re.search(r"^  kubernetes\s+k8s\s+fiber-k8s", backends, re.M), out
+        assert not re.search(r"^  k8s\s", backends, re.M), out
