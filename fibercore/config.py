@@ -19,6 +19,7 @@ from __future__ import annotations
 import configparser
 import logging
 import os
+import sys
 import warnings
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -107,16 +108,6 @@ LEGACY_OPTIONS: dict[str, Option] = {
     "ipc_admin_worker_port": Option("ipc_admin_worker_port", int, 8000, LEGACY_KEYS["ipc_admin_worker_port"]),
     "merge_output": Option("merge_output", bool, False, LEGACY_KEYS["merge_output"]),
     "use_bash": Option("use_bash", bool, False, LEGACY_KEYS["use_bash"]),
-}
-
-#: Keys provided by plugins of this project, for a useful hint when one is missing.
-PLUGIN_KEY_HINTS: dict[str, str] = {
-    "kubernetes_": "fiber-k8s",
-    "k8s_": "fiber-k8s",
-    "docker_": "fiber-docker",
-    "aws_": "fiber-aws",
-    "slurm_": "fiber-slurm",
-    "ssh_": "fiber-ssh",
 }
 
 #: FIBER_* variables that are switches or worker plumbing, not config keys.
@@ -229,15 +220,15 @@ def closest_key(key: str, options: Iterable[str]) -> str | None:
 
 def unknown_key_message(key: str, options: Mapping[str, Option], where: str = "") -> str:
     """One line: the closest key, the backend that declares it, or the valid keys."""
-    from fibercore.plugins import install_hint
+    from fibercore.plugins import KNOWN_DISTRIBUTIONS, install_hint
 
     src = f" in {where}" if where else ""
     text = f"unknown fibercore config key {key!r}{src}"
     close = closest_key(key, options)
     if close is not None:
         return f"{text}: did you mean {close!r}?"
-    for prefix, dist in PLUGIN_KEY_HINTS.items():
-        if key.startswith(prefix):
+    for backend, dist in KNOWN_DISTRIBUTIONS.items():  # a backend's keys start with its name
+        if key.startswith(f"{backend}_"):
             return f"{text}: `{key}` is a key of the {dist} backend, which is not installed: {install_hint(dist)}."
     return f"{text}. Valid keys: {', '.join(sorted(options))}."
 
@@ -320,8 +311,6 @@ def _warn_unknown_variable(name: str, options: Mapping[str, Option]) -> None:
     if name in _warned_variables or os.environ.get("FIBER_MASTER_ADDR"):
         return
     _warned_variables.add(name)
-    import sys
-
     print(unknown_variable_message(name, options), file=sys.stderr)
 
 

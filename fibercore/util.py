@@ -56,7 +56,6 @@ def install_excepthook() -> None:
         text = " ".join(str(value).split())
         sys.stderr.write(f"fibercore: {text} (FIBER_DEBUG=1 shows the traceback)\n")
 
-    hook._fiber = True  # type: ignore[attr-defined]
     sys.excepthook = hook
 
 

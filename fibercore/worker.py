@@ -23,10 +23,14 @@ EXIT_BOOTSTRAP_FAILED = 76
 ORPHAN_GRACE = 1.0
 
 
-def exit_job(message: str, code: int) -> None:
-    """End this job now with ``code``, saying why on stderr (its children are stopped first)."""
+def exit_job(message: str | None, code: int) -> None:
+    """End this job now with ``code``, saying why on stderr (``None``: quietly, as after a
+    Ctrl-C that found it idle); its children are stopped first."""
     try:
-        sys.stderr.write(f"fibercore worker {os.getpid()}: {message}\n")
+        if message is not None:
+            sys.stderr.write(f"fibercore worker {os.getpid()}: {message}\n")
+        else:  # what the program printed before the Ctrl-C
+            sys.stdout.flush()
         sys.stderr.flush()
     except Exception:
         pass
@@ -50,22 +54,6 @@ def job_sys_path(master: list[str], own: list[str], started_in: str | None) -> l
     starting directory: a job imports what its master imports, as a multiprocessing child."""
     known = set(master)
     return list(master) + [p for p in own if p not in known and p != started_in]
-
-
-def exit_quietly(code: int) -> None:
-    """End this job now with ``code`` and no message (a Ctrl-C that found it idle)."""
-    try:
-        from fibercore import process
-
-        process._terminate_all(force=True)
-    except Exception:
-        pass
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:
-            pass
-    os._exit(code)
 
 
 def _pid1_sigterm() -> None:
@@ -199,7 +187,7 @@ if __name__ == "__main__":
     try:
         code = main()
     except KeyboardInterrupt:  # the terminal's Ctrl-C while starting or ending, not in user code
-        exit_quietly(128 + 2)
+        exit_job(None, 128 + 2)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

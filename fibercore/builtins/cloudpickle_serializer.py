@@ -107,16 +107,11 @@ _MAX_SOURCE_LINES = 2000  # a function longer than this travels without its sour
 
 
 def _source_of(code: types.CodeType) -> tuple[int, tuple[str, ...]] | None:
-    """The lines of ``code``'s source (first line number, lines), from this process's linecache."""
-    last = code.co_firstlineno
-    for _start, _end, line in code.co_lines():
-        if line is not None and line > last:
-            last = line
-    for const in code.co_consts:  # nested functions, lambdas, comprehensions
-        if isinstance(const, types.CodeType):
-            inner = _source_of(const)
-            if inner is not None:
-                last = max(last, inner[0] + len(inner[1]) - 1)
+    """The lines of ``code``'s own source (first line number, lines), from this process's
+    linecache. Nested functions, lambdas and comprehensions are code objects of their own,
+    reduced (with their lines) as constants of this one."""
+    last = max((line for _start, _end, line in code.co_lines() if line is not None),
+               default=code.co_firstlineno)
     if last - code.co_firstlineno >= _MAX_SOURCE_LINES:
         return None
     lines = linecache.getlines(code.co_filename)

@@ -11,7 +11,6 @@ exit code 2. :data:`COMMANDS` is the list the documentation must cover.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Callable
 
@@ -62,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     from fibercore.errors import FiberError
+    from fibercore.util import debug_enabled
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fiber {args.command}: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:  # a backend's or Docker's error: its message, not a traceback
-        if os.environ.get("FIBER_DEBUG", "").lower() in ("1", "true", "yes"):
+        if debug_enabled():
             raise
         print(f"fiber {args.command}: {type(exc).__name__}: {exc}\n(FIBER_DEBUG=1 shows the traceback)",
               file=sys.stderr)

@@ -238,9 +238,9 @@ def run_worker(address: str, wid: int, initializer: Callable[..., Any] | None,
     except KeyboardInterrupt:
         if in_task[0]:
             raise
-        from fibercore.worker import exit_quietly
+        from fibercore.worker import exit_job
 
-        exit_quietly(128 + 2)
+        exit_job(None, 128 + 2)
 
 
 def _serve(address: str, wid: int, initializer: Callable[..., Any] | None,
