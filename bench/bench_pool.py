@@ -12,6 +12,9 @@ Sections (issue "Pool", targets in brackets; ratio = fibercore / multiprocessing
   rtt       one apply_async round trip                   [≤1.5 latency]
   bulk      20 tasks sending and returning 10 MB, bytes and numpy   [≥0.8 MB/s]
   startup   Pool(32) to the first result                 [≤1.2 time]
+  mainfunc  functions of the script itself (``__main__``: fibercore sends them by value with
+            their file name and source lines, multiprocessing's spawn child re-imports the
+            script): 20 maps of 1,000 items, and a Process started and joined 20 times
   scale     one master with --workers local workers (default 256), and 1,024 lightweight
             worker clients on one pool: master task rate and memory (fibercore only)
 
@@ -78,9 +81,9 @@ def overhead_rounds(lib, d: float) -> float:
         return time.perf_counter() - t0
 
 
-def noop_rate(lib, n: int) -> float:
-    with lib.Pool(2) as pool:
-        pool.map(_tasks.sleep_for, [0.3] * 2, 1)
+def noop_rate(lib, n: int, processes: int = 2) -> float:
+    with lib.Pool(processes) as pool:
+        pool.map(_tasks.sleep_for, [0.3] * processes, 1)
         best = 0.0
         for _ in range(5):
             t0 = time.perf_counter()
@@ -89,8 +92,8 @@ def noop_rate(lib, n: int) -> float:
         return best
 
 
-def rtt(lib, n: int) -> float:
-    with lib.Pool(2) as pool:
+def rtt(lib, n: int, processes: int = 2) -> float:
+    with lib.Pool(processes) as pool:
         for i in range(50):
             pool.apply_async(abs, (i,)).get()
         samples = []
@@ -128,6 +131,34 @@ def startup(lib, n: int) -> float:
     pool.terminate()
     pool.join()
     return elapsed
+
+
+def main_square(x: int) -> int:
+    """A function of the script itself (``__main__``), as most users' task functions are."""
+    return x * x
+
+
+def main_maps(lib, processes: int) -> float:
+    """20 maps of 1,000 items of a ``__main__`` function (the function goes to the workers
+    once per pool with fibercore, by name with multiprocessing)."""
+    with lib.Pool(processes) as pool:
+        pool.map(_tasks.sleep_for, [0.3] * processes, 1)
+        t0 = time.perf_counter()
+        for _ in range(20):
+            pool.map(main_square, range(1000))
+        return time.perf_counter() - t0
+
+
+def main_processes(lib, processes: int) -> float:
+    """``processes`` Processes with a ``__main__`` target, started and joined, 20 times over."""
+    t0 = time.perf_counter()
+    for _ in range(20 // processes or 1):
+        ps = [lib.Process(target=main_square, args=(i,)) for i in range(processes)]
+        for p in ps:
+            p.start()
+        for p in ps:
+            p.join()
+    return time.perf_counter() - t0
 
 
 def _rss_mib() -> float:
@@ -236,12 +267,16 @@ def scale_clients(clients: int, per_job: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("sections", nargs="*", default=["overhead", "noop", "rtt", "bulk", "startup", "scale"])
+    parser.add_argument("sections", nargs="*", default=["overhead", "noop", "rtt", "bulk", "startup", "mainfunc", "scale"])
     parser.add_argument("--quick", action="store_true", help="smaller scale section (64 workers, 256 clients)")
     parser.add_argument("--workers", type=int, default=256, help="local workers in the scale section")
+    parser.add_argument("--processes", default="2", metavar="N[,M]",
+                        help="workers of the noop, rtt and mainfunc sections; several: one row each "
+                             "(e.g. 2,8 on 2 cores: processes <= cores and 4x more)")
     parser.add_argument("--report", metavar="STEM", help="also write STEM.md (the table) and STEM.png (a plot of "
                                                          "the ratios), e.g. docs/perf/bench_pool")
     args = parser.parse_args()
+    counts = [int(n) for n in args.processes.split(",")]
     print(f"bench_pool on {os.cpu_count()} CPUs, Python {sys.version.split()[0]}", flush=True)
     if "overhead" in args.sections:
         print("framework overhead (5 workers, 5/d tasks of d; ideal 1 s):")
@@ -253,11 +288,19 @@ def main() -> None:
             ours, theirs = both(overhead_rounds, d)
             record(f"rounds d={d * 1000:g} ms", "s", ours, theirs, "lower", "≤1.05")
     if "noop" in args.sections:
-        ours, theirs = both(noop_rate, 100_000)
-        record("no-op map of 100,000", "tasks/s", ours, theirs, "higher", "≥1.0")
+        for n in counts:
+            ours, theirs = both(noop_rate, 100_000, n)
+            record(f"no-op map of 100,000, {n} workers", "tasks/s", ours, theirs, "higher", "≥1.0")
     if "rtt" in args.sections:
-        ours, theirs = both(rtt, 1000)
-        record("apply_async round trip (median)", "µs", ours, theirs, "lower", "≤1.5")
+        for n in counts:
+            ours, theirs = both(rtt, 1000, n)
+            record(f"apply_async round trip, {n} workers", "µs", ours, theirs, "lower", "≤1.5")
+    if "mainfunc" in args.sections:
+        for n in counts:
+            ours, theirs = both(main_maps, n)
+            record(f"20 maps of a __main__ function, {n} workers", "s", ours, theirs, "lower", "≤1.1")
+            ours, theirs = both(main_processes, n)
+            record(f"{n} Processes of a __main__ target x{20 // n or 1}", "s", ours, theirs, "lower", "—")
     if "bulk" in args.sections:
         for kind in ("bytes", "numpy"):
             ours, theirs = both(bulk, kind)
