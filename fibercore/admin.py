@@ -61,7 +61,7 @@ class Launch:
 class AdminHub:
     def __init__(self, rt: Runtime) -> None:
         self._rt = rt
-        self.channel = rt.listen("router")
+        self.channel = rt.listen("router", service="admin")
         self.address = self.channel.address
         self._lock = threading.Lock()
         self._launches: dict[str, Launch] = {}

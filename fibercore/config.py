@@ -84,7 +84,7 @@ CORE_OPTIONS: tuple[Option, ...] = (
     Option("tls", bool, False, "Run every endpoint over tls+tcp (needs tls_cert_file and tls_ca_file)."),
     Option("tls_cert_file", str, None, "PEM file with this process's certificate and key."),
     Option("tls_ca_file", str, None, "PEM file of the CA that signed every peer's certificate."),
-    Option("tls_server_name", str, None, "Name expected in peers' certificates (default: none checked beyond the CA)."),
+    Option("tls_server_name", str, None, "Name every listener's certificate must carry (default: the host of the address dialled)."),
     Option("handshake_timeout", float, 10.0, "Seconds a new connection has to authenticate before it is closed."),
     Option("max_pending_connections", int, 64, "Unauthenticated connections an endpoint holds (the oldest is closed for a new one)."),
     Option("max_connections", int, 4096, "Authenticated connections an endpoint accepts."),

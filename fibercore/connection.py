@@ -43,7 +43,7 @@ class _PipeHome:
 
     def __init__(self) -> None:
         self.id = uuid.uuid4().hex
-        self.channel = get_runtime().listen("pair")
+        self.channel = get_runtime().listen("pair", service="pipe")
         self.address = self.channel.address
         self.claimed = False
         self.closed_sides: set[int] = set()
@@ -179,7 +179,7 @@ class Connection:
                 self._channel = home.channel
                 self._owns_home = True
             else:
-                self._channel = get_runtime().dial("pair", self._address)
+                self._channel = get_runtime().dial("pair", self._address, service="pipe")
             self._channel.on_peer_event(self._on_peer)
             return self._channel
 

@@ -108,7 +108,7 @@ class _Server:
         rt = get_runtime()
         self.serializer = rt.serializer
         self.registry = registry
-        self.channel = rt.listen("router", key, host=host, port=port)
+        self.channel = rt.listen("router", key, host=host, port=port, service="manager")
         self.address = self.channel.address
         self.objects: dict[int, list[Any]] = {}  # id -> [obj, exposed, method_to_typeid, refs]
         self.ids = itertools.count(1)
@@ -310,7 +310,8 @@ def _bind_request(address: Any) -> tuple[str | None, int]:
     if isinstance(address, tuple) and len(address) == 2:
         return (address[0] or None), int(address[1])
     if isinstance(address, str) and "://" in address:
-        host, _, port = address.split("://", 1)[1].rpartition(":")
+        where = address.split("://", 1)[1].partition("#")[0].partition("/")[0]
+        host, _, port = where.rpartition(":")
         return host.strip("[]"), int(port)
     raise ValueError(f"a manager address is a (host, port) tuple or 'tcp://host:port', not {address!r}")
 
@@ -320,7 +321,8 @@ def _dial_address(address: Any) -> str | None:
     if isinstance(address, tuple):
         host, port = _bind_request(address)
         host = host or "127.0.0.1"
-        return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+        scheme = "tls+tcp" if get_runtime().config.get("tls") else "tcp"  # the configured scheme, never a downgrade
+        return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
     return address
 
 

@@ -99,7 +99,7 @@ class _Broker:
         self.held = 0
         self.budget = int(rt.config.get("queue_max_bytes"))
         self.paused: set[Hashable] = set()
-        self.channel = rt.listen("router")
+        self.channel = rt.listen("router", service="queue")
         self.address = self.channel.address
         self.channel.on_peer_event(self._peer_event)
         self.closed = False
@@ -411,7 +411,7 @@ class _Client:
 
     def __init__(self, address: str, qid: str) -> None:
         rt = get_runtime()
-        self.channel = rt.dial("router", address)
+        self.channel = rt.dial("router", address, service="queue")
         self.sender = Sender(self.channel, name=f"fiber-queue-{qid[:8]}-feed")
         self.cv = threading.Condition(threading.Lock())
         self.buffer: deque[list[Any]] = deque()

@@ -73,14 +73,14 @@ class Future(ApplyResult):
 class Client:
     """This process's connection to one server; every handle of that server shares it."""
 
-    def __init__(self, address: str, key: bytes | None, what: str | None = None) -> None:
+    def __init__(self, address: str, key: bytes | None, what: str | None = None, service: str = "manager") -> None:
         rt = get_runtime()
         self.serializer = rt.serializer
         self.address = address
         #: How errors name the server ("the manager at tcp://...").
         self.what = what or f"the server at {address}"
         self.pid = os.getpid()
-        self.channel = rt.dial("router", address, key)
+        self.channel = rt.dial("router", address, key, service=service)
         self.ids = itertools.count(1)
         self.waiting: dict[int, Future] = {}
         self.lock = threading.Lock()
@@ -185,10 +185,11 @@ FOLLOWER_STEP = 0.005
 _clients: lifetime.PerProcess[tuple[str, bytes | None], Client] = lifetime.PerProcess()  # by (address, authkey)
 
 
-def client(address: str, key: bytes | None, what: str | None = None) -> Client:
-    """This process's connection to the server at ``address`` (made on first use)."""
+def client(address: str, key: bytes | None, what: str | None = None, service: str = "manager") -> Client:
+    """This process's connection to the ``service`` server at ``address`` (made on first use)."""
     found = _clients.peek((address, key))  # every call asks: no closure made on that path
-    return found if found is not None else _clients.get((address, key), lambda: Client(address, key, what))
+    return found if found is not None else _clients.get((address, key),
+                                                        lambda: Client(address, key, what, service))
 
 
 def forget(found: Client) -> None:

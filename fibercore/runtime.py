@@ -57,20 +57,25 @@ class Runtime:
     def bind_host(self) -> str:
         return self.config.get("bind_host") or self.listen_host
 
-    def listen(self, kind: str, key: bytes | None = None, host: str | None = None, port: int = 0) -> Channel:
+    def listen(self, kind: str, key: bytes | None = None, host: str | None = None, port: int = 0,
+               service: str | None = None) -> Channel:
         """A new authenticated listening channel on the backend's listen host.
 
-        ``key`` replaces the session secret (a manager with its own ``authkey``).
+        ``key`` replaces the session secret (a manager with its own ``authkey``);
+        ``service`` names what listens (``pool``, ``queue``...), bound into every proof.
+        The channel's address is the transport's, then ``#`` and the listener's identity
+        (:mod:`fibercore.wire.handshake`): a dialer of that address accepts only this listener.
         """
-        auth = Authenticator(key or self.secret, kind, self.limits)
+        auth = Authenticator(key or self.secret, kind, self.limits, service)
         fixed = {"port": port} if port else {}  # a fixed port (a manager's address): transports may refuse
         endpoint = self.transport.listen(kind, host or self.bind_host, host or self.listen_host, auth=auth, **fixed)
-        return Channel(endpoint, kind, listening=True)
+        return Channel(endpoint, kind, listening=True, address=f"{endpoint.address}#{auth.identity.hex()}")
 
-    def dial(self, kind: str, address: str, key: bytes | None = None) -> Channel:
+    def dial(self, kind: str, address: str, key: bytes | None = None, service: str | None = None) -> Channel:
         """A channel connected (and authenticated) to the listening channel at ``address``."""
-        auth = Authenticator(key or self.secret, kind, self.limits)
-        return Channel(self.transport.dial(kind, address, auth=auth), kind, listening=False)
+        target, expect = split_identity(address)
+        auth = Authenticator(key or self.secret, kind, self.limits, service, expect)
+        return Channel(self.transport.dial(kind, target, auth=auth), kind, listening=False, address=address)
 
     @property
     def limits(self) -> Limits:
@@ -83,6 +88,22 @@ class Runtime:
                 max_frame=int(self.config.get("max_frame_size")),
             )
         return self._limits
+
+
+def split_identity(address: str) -> tuple[str, bytes | None]:
+    """A channel address's transport part and the listener identity it names (or None)."""
+    target, sep, fragment = address.rpartition("#")
+    if not sep:
+        return address, None
+    try:
+        identity = bytes.fromhex(fragment)
+    except ValueError:
+        identity = b""
+    if len(identity) != 16:
+        raise ConfigError(f"{address!r} is not an address fibercore gave out (its part after '#' must be "
+                          "the 32 hex digits of a listener identity): copy the whole address, or give "
+                          "host and port only")
+    return target, identity
 
 
 _runtime: Runtime | None = None

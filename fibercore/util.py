@@ -59,6 +59,29 @@ def install_excepthook() -> None:
     sys.excepthook = hook
 
 
+_machine: list[str] = []
+
+
+def machine_identity() -> str:
+    """Eight hex digits naming this machine *and* network namespace ("" when unknown).
+
+    Two processes with the same value share abstract Unix socket names and ``/dev/shm``
+    (a container with its own network namespace gets another value): the boot id and the
+    namespace's inode, hashed.
+    """
+    if not _machine:
+        import hashlib
+
+        try:
+            with open("/proc/sys/kernel/random/boot_id", "rb") as f:
+                boot = f.read().strip()
+            netns = os.stat("/proc/self/ns/net").st_ino
+            _machine.append(hashlib.sha256(boot + b"/" + str(netns).encode()).hexdigest()[:8])
+        except OSError:
+            _machine.append("")
+    return _machine[0]
+
+
 def exitcode_name(code: int) -> str:
     """``SIGKILL`` for -9 (a signal's name for a negative code), else the number."""
     if code < 0:

@@ -97,7 +97,7 @@ def main() -> int:
 
     rt = get_runtime()
     timeout = float(rt.config.get("start_timeout"))
-    channel = rt.dial("router", address)
+    channel = rt.dial("router", address, service="admin")
     channel.send([(admin.HELLO, [token.encode(), str(os.getpid()).encode(), socket.gethostname().encode()])])
     deadline = time.monotonic() + timeout
     prep_parts = None

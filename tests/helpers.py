@@ -88,6 +88,13 @@ def put_megabytes(q: Any, count: int) -> None:
         q.put(i.to_bytes(4, "little") + bytes(1 << 20))
 
 
+def tcp_target(address: str) -> tuple[str, int]:
+    """(host, port) of a channel address ``tcp://host:port[/machine][#identity]``."""
+    where = address.split("://", 1)[1].partition("#")[0].partition("/")[0]
+    host, _, port = where.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
 def connected_router(rt: Any) -> tuple[Any, Any, Any]:
     """A listening router channel, a channel dialled to it, and the dialler as the hub's peer."""
     hub = rt.listen("router")

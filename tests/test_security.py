@@ -31,6 +31,7 @@ from fibercore import queues
 from fibercore.errors import TransportTimeout
 from fibercore.wire import stats
 from fibercore.wire.handshake import MAGIC, Authenticator
+from tests.helpers import tcp_target
 
 HEADER = struct.Struct("<I")
 
@@ -92,7 +93,7 @@ def _record(data: bytes, more: bool = False, claim: int | None = None) -> bytes:
 
 def _read_hello(sock: socket.socket) -> bytes:
     data = b""
-    while len(data) < 4 + len(MAGIC) + 32:
+    while len(data) < 4 + len(MAGIC) + 32 + 16:
         chunk = sock.recv(4096)
         if not chunk:
             break
@@ -256,8 +257,7 @@ class Relay:
     after the handshake ``copies`` times: a replay on the same connection."""
 
     def __init__(self, target: str, copies: int) -> None:
-        host, port = target.split("://")[1].rsplit(":", 1)
-        self.target = (host, int(port))
+        self.target = tcp_target(target)
         self.copies = copies
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.address = f"tcp://127.0.0.1:{self.listener.getsockname()[1]}"
@@ -300,7 +300,7 @@ def test_replayed_frames_are_dropped_not_delivered_twice():
     assert q.get(timeout=5) == "warm-up"
     relay = Relay(q._address, copies=5)
     rt = mp.get_runtime()
-    channel = rt.dial("router", relay.address)  # the real client, through the relay
+    channel = rt.dial("router", relay.address, service="queue")  # the real client, through the relay
     before = stats["rejected_frames"]
     parts = rt.serializer.dumps("once")
     channel.send([(queues.PUT, parts)])
@@ -311,8 +311,7 @@ def test_replayed_frames_are_dropped_not_delivered_twice():
     # The captured stream, sent again on a new connection, to this endpoint and to another.
     hub_address = mp.get_runtime().listen("router")
     for address in (q._address, hub_address.address):
-        host, port = address.split("://")[1].rsplit(":", 1)
-        with socket.create_connection((host, int(port)), timeout=5) as s:
+        with socket.create_connection(tcp_target(address), timeout=5) as s:
             s.sendall(b"".join(relay.captured))
             s.settimeout(2)
             try:
@@ -372,10 +371,10 @@ frames = st.lists(st.tuples(st.integers(0, 2**64 - 1), st.lists(st.binary(max_si
 
 def _send_raw(address: str, records: list[bytes]) -> None:
     """One connection per record: each one reaches the handshake parser of a fresh connection."""
-    host, port = address.split("://")[1].rsplit(":", 1)
+    target = tcp_target(address)
     for record in records:
         try:
-            with socket.create_connection((host, int(port)), timeout=5) as s:
+            with socket.create_connection(target, timeout=5) as s:
                 s.sendall(record)
         except OSError:  # the endpoint closed it first: what it should do
             pass
@@ -393,7 +392,7 @@ def test_fuzzed_frames_into_live_endpoints_kill_no_thread(live_endpoints, batch,
     rt = mp.get_runtime()
     for name, (address, key) in endpoints.items():
         if name != "pipe":  # a second writer of a Pipe is legitimate: its frames are data
-            channel = rt.dial("router", address, key)
+            channel = rt.dial("router", address, key, service=name)
             for messages in batch:
                 channel.send(messages)
             channel.close()
@@ -474,52 +473,57 @@ def test_unix_streams_leave_out_the_mac_and_tcp_keeps_it(monkeypatch):
     spoke.close()
 
 
-def test_a_relay_from_a_squatted_unix_name_to_tcp_fails_the_handshake(monkeypatch):
-    """An attacker binds the Unix name of a listener that has none and relays it to the
-    listener's TCP port: the handshake fails (each side's view of the stream is in the
-    proofs), the dialler falls back to TCP itself, and every frame it gets is MACed."""
+def test_a_handshake_relayed_to_another_listener_fails_before_any_proof(monkeypatch):
+    """A dialer that meant listener A but reached listener B (a relay joining it to B's port)
+    refuses B's HELLO, which names B: it sends no proof an attacker could test keys against."""
     from fibercore.builtins import tcp_transport
+    from fibercore.errors import AuthenticationError
+    from fibercore.runtime import split_identity
+
+    reasons: list[str] = []
+    monkeypatch.setattr(tcp_transport, "reject", lambda where, peer, reason, *a: reasons.append(reason))
+    rt = mp.get_runtime()
+    a, b = rt.listen("router", service="queue"), rt.listen("router", service="queue")
+    _, identity_a = split_identity(a.address)
+    host, port_b = tcp_target(b.address)
+    misdirected = f"tcp://{host}:{port_b}#{identity_a.hex()}"  # A's identity, B's port
+    with pytest.raises(AuthenticationError, match="another listener than the address names"):
+        rt.dial("router", misdirected, service="queue")
+    time.sleep(0.2)
+    assert reasons == ["did not authenticate: closed by the peer"]  # B saw no proof, right or wrong
+    rt.dial("router", b.address, service="queue").close()  # B's own address works
+    a.close()
+    b.close()
+
+
+def test_a_proof_for_one_service_is_refused_by_another():
+    """Without an identity to expect (a manager reached by (host, port)), the service still
+    binds the proofs: a queue client's handshake relayed to a pool listener fails."""
+    from fibercore.errors import AuthenticationError
 
     rt = mp.get_runtime()
-    monkeypatch.setattr(tcp_transport, "LOCAL_SOCKETS", False)
-    hub = rt.listen("router")  # TCP only: its Unix name is free for the squatter
-    monkeypatch.setattr(tcp_transport, "LOCAL_SOCKETS", True)
-    host, port = hub.address.split("://")[1].rsplit(":", 1)
-    squat = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    squat.bind(tcp_transport._local_name(host, int(port)))
-    squat.listen(8)
-    relayed = []
+    pool_listener = rt.listen("router", service="pool")
+    host, port = tcp_target(pool_listener.address)
+    with pytest.raises(AuthenticationError):
+        rt.dial("router", f"tcp://{host}:{port}", service="queue")
+    rt.dial("router", f"tcp://{host}:{port}", service="pool").close()
+    pool_listener.close()
 
-    def pump(src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while data := src.recv(65536):
-                dst.sendall(data)
-        except OSError:
-            pass
-        for s in (src, dst):
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
 
-    def relay() -> None:
-        while True:
-            try:
-                victim, _ = squat.accept()
-            except OSError:
-                return
-            upstream = socket.create_connection((host, int(port)))
-            relayed.append(victim)
-            threading.Thread(target=pump, args=(victim, upstream), daemon=True).start()
-            threading.Thread(target=pump, args=(upstream, victim), daemon=True).start()
+def test_unix_names_are_random_and_carried_in_the_address():
+    """The Unix socket's name comes from the listener's random identity (no one can take it
+    first), and the address says which machine it is on."""
+    from fibercore.builtins import tcp_transport
+    from fibercore.runtime import split_identity
+    from fibercore.util import machine_identity
 
-    threading.Thread(target=relay, daemon=True).start()
-    spoke = rt.dial("router", hub.address)
-    assert relayed, "the dialler did not try the squatted Unix name first"
-    assert spoke.endpoint._conn.sock.family != socket.AF_UNIX  # it fell back to TCP
-    assert type(spoke.endpoint.peer.opener).__name__ == "Opener"  # and checks every MAC
-    spoke.send([(1, [b"direct"])])
-    assert hub.recv(timeout=10)[0] == [(1, [b"direct"])]
-    squat.close()
-    spoke.close()
+    rt = mp.get_runtime()
+    hub = rt.listen("router")
+    target, identity = split_identity(hub.address)
+    assert target.endswith("/" + machine_identity())
+    assert identity is not None and len(identity) == 16
+    bound = Path("/proc/net/unix").read_text()
+    assert "@" + tcp_transport._local_name(identity)[1:] in bound
+    host, port = tcp_target(hub.address)
+    assert f"{host}:{port}" not in bound  # nothing derived from host:port any more
     hub.close()

@@ -39,9 +39,10 @@ import time
 from collections.abc import Callable, Hashable
 from typing import Any
 
-from fibercore.errors import AuthenticationError, TransportClosed, TransportError, TransportTimeout
+from fibercore.errors import AuthenticationError, ConfigError, TransportClosed, TransportError, TransportTimeout
 from fibercore.hookspecs import hookimpl
 from fibercore.transport import PeerCallback
+from fibercore.util import machine_identity
 from fibercore.wire.frames import reject
 from fibercore.wire.handshake import (
     MAX_HANDSHAKE_FRAME,
@@ -51,8 +52,8 @@ from fibercore.wire.handshake import (
     Session,
 )
 
-#: Also listen on an abstract Unix socket named after the TCP address, for peers in this
-#: network namespace (Linux only; never with TLS).
+#: Also listen on an abstract Unix socket named after the listener's identity, for peers of
+#: the same user in this network namespace (Linux only; never with TLS).
 LOCAL_SOCKETS = sys.platform.startswith("linux")
 #: Bytes a Unix connection may queue towards its reader (the kernel caps it at net.core.wmem_max).
 UNIX_SEND_BUFFER = 4 << 20
@@ -83,16 +84,19 @@ def _byte_view(part: Any) -> memoryview:
     return view if view.format == "B" and view.ndim == 1 else view.cast("B")
 
 
-def _split_address(address: str) -> tuple[str, str, int]:
+def _split_address(address: str) -> tuple[str, str, int, str]:
+    """``scheme://host:port[/machine]``: scheme, host, port and the machine tag (or "")."""
     scheme, _, rest = address.partition("://")
-    host, _, port = rest.rpartition(":")
+    where, _, machine = rest.partition("/")
+    host, _, port = where.rpartition(":")
     if scheme not in ("tcp", "tls+tcp") or not host or not port.isdigit():
         raise TransportError(f"not a tcp:// or tls+tcp:// address: {address!r}")
-    return scheme, host.strip("[]"), int(port)
+    return scheme, host.strip("[]"), int(port), machine
 
 
-def _format_address(scheme: str, host: str, port: int) -> str:
-    return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
+def _format_address(scheme: str, host: str, port: int, machine: str = "") -> str:
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return f"{scheme}://{where}/{machine}" if machine else f"{scheme}://{where}"
 
 
 class _Conn:
@@ -106,6 +110,7 @@ class _Conn:
         self.hs = hs
         self.session: Session | None = None
         self.label = label
+        self.who: Hashable = None  # the peer identity whose pending budget it uses (listeners)
         self.opened = time.monotonic()
         self.send_lock = threading.Lock()
         self.max_frame = MAX_HANDSHAKE_FRAME
@@ -391,6 +396,7 @@ class TcpListener:
         self._tls = tls
         self._pid = os.getpid()
         self._pending: dict[_Conn, None] = {}  # unauthenticated, oldest first
+        self._pending_by: collections.Counter[Hashable] = collections.Counter()  # per peer identity
         self._peers: dict[Session, _Conn] = {}
         self._inbox: collections.deque[tuple[memoryview, Session]] = collections.deque()
         self._cv = threading.Condition(threading.Lock())
@@ -430,23 +436,36 @@ class TcpListener:
             except OSError as exc:
                 if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
                     reject(self.address, "?", f"cannot accept: {exc}", "refused_connections")
-                    self._shed_pending()
+                    self._shed_pending(None)
                 return
-            label = f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else "unix"
+            if sock.family == socket.AF_UNIX:
+                uid = _peer_uid(sock)
+                label, who = f"unix uid {uid}", ("uid", uid)
+                if uid != os.geteuid():  # another user: refused before it costs anything
+                    sock.close()
+                    reject(self.address, label, "a Unix connection from another user", "refused_connections")
+                    continue
+            else:
+                label, who = f"{addr[0]}:{addr[1]}", ("ip", addr[0])
             if len(self._peers) >= self._limits.max_peers:
                 sock.close()
                 reject(self.address, label, "too many peers", "refused_connections")
                 continue
-            if len(self._pending) >= self._limits.max_pending:
-                self._shed_pending()
+            if self._pending_by[who] >= self._limits.max_pending_per_peer or (
+                    len(self._pending) >= self._limits.max_pending and not self._shed_pending(who)):
+                sock.close()  # the newest waits its turn (its dialer retries); none in progress is cut
+                reject(self.address, label, "too many unauthenticated connections from it", "refused_connections")
+                continue
             sock.setblocking(self._tls is None)  # plain: the reactor reads with MSG_DONTWAIT
             if sock.family != socket.AF_UNIX:
                 _tcp_options(sock)
             else:
                 _large_send_buffer(sock)
-            private = sock.family == socket.AF_UNIX and self._tls is None
+            private = sock.family == socket.AF_UNIX and self._tls is None  # its user checked above
             conn = _Conn(sock, self._auth.listener(label, private), label, self._spin)
+            conn.who = who
             self._pending[conn] = None
+            self._pending_by[who] += 1
             if self._tls is not None:
                 try:
                     conn.sock = self._tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
@@ -459,12 +478,22 @@ class TcpListener:
             else:
                 self._greet(conn)
 
-    def _shed_pending(self) -> None:
-        """Close the oldest unauthenticated connection to make room."""
-        for conn in list(self._pending)[:1]:
-            reject(self.address, conn.label, "too many unauthenticated connections: closed the oldest",
-                   "refused_connections")
-            self._drop(conn)
+    def _shed_pending(self, newcomer: Hashable | None) -> bool:
+        """Room for one more unauthenticated connection: close the newest one of the peer
+        holding the most, if that peer holds more than ``newcomer`` would (never a fair
+        share: a busy peer cannot push out another's handshake). True if room was made."""
+        if not self._pending_by:
+            return False
+        greedy, held = self._pending_by.most_common(1)[0]
+        if held <= 1 or (newcomer is not None and held <= self._pending_by[newcomer] + 1):
+            return False
+        for conn in reversed(list(self._pending)):
+            if conn.who == greedy:
+                reject(self.address, conn.label, "too many unauthenticated connections: closed its newest",
+                       "refused_connections")
+                self._drop(conn)
+                return True
+        return False  # pragma: no cover - the counter and the table agree
 
     def _tls_step(self, conn: _Conn) -> None:
         try:
@@ -519,7 +548,7 @@ class TcpListener:
             conn.write([reply], block=False)
         if conn.hs.session is not None:
             conn.authenticated(conn.hs.session, self._limits.max_frame)
-            self._pending.pop(conn, None)
+            self._forget_pending(conn)
             self._peers[conn.hs.session] = conn
             for cb in list(self._callbacks):
                 cb(conn.hs.session, True)
@@ -529,7 +558,7 @@ class TcpListener:
             self._reactor.sel.unregister(conn.sock)
         except (KeyError, ValueError):
             pass
-        self._pending.pop(conn, None)
+        self._forget_pending(conn)
         session = conn.session
         if session is not None:
             self._own_call(lambda: self._unwatch(conn))
@@ -540,6 +569,12 @@ class TcpListener:
                     cb(session, False)
                 except Exception:  # pragma: no cover - a callback must not stop the reactor
                     pass
+
+    def _forget_pending(self, conn: _Conn) -> None:
+        if self._pending.pop(conn, False) is None:  # it was pending: its peer's budget frees
+            self._pending_by[conn.who] -= 1
+            if self._pending_by[conn.who] <= 0:
+                del self._pending_by[conn.who]
 
     def _own_call(self, fn: Callable[[], None]) -> None:
         """Change the reading selector: ``fn`` runs on the next reading thread, before it polls."""
@@ -883,29 +918,82 @@ def _large_send_buffer(sock: socket.socket) -> None:
         pass
 
 
-def _local_name(host: str, port: int) -> str:
-    """The abstract Unix socket name a listener on ``host:port`` also answers on (Linux)."""
-    return f"\0fibercore:{host}:{port}"
+def _local_name(identity: bytes) -> str:
+    """The abstract Unix socket name of the listener with this identity (Linux).
+
+    Unguessable before the listener binds it (the identity is 16 random bytes), so no
+    other user can take it first; who connects is checked by its uid (:func:`_peer_uid`).
+    """
+    return f"\0fibercore-{identity.hex()}"
+
+
+def _peer_uid(sock: socket.socket) -> int:
+    """The user id of the process at the other end of a Unix socket (-1: unknown)."""
+    try:
+        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except (OSError, AttributeError):
+        return -1
+    return int(struct.unpack("3i", creds)[1])
+
+
+#: Seconds a dialer gives the same-machine Unix path (connect and handshake) before TCP.
+LOCAL_DEADLINE = 2.0
+#: A dialer whose connection is closed before the listener's HELLO (it was refused for room,
+#: or the listener is restarting) tries again after these pauses.
+DIAL_RETRIES = (0.05, 0.2, 0.5, 1.0)
+
+
+def _dial_local(address: str, auth: Authenticator, spin: float) -> TcpDialer | None:
+    """The listener's Unix socket, if it is on this machine and answers as the address's
+    listener within :data:`LOCAL_DEADLINE`; None means: use TCP."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(LOCAL_DEADLINE)
+        sock.connect(_local_name(auth.expect))  # type: ignore[arg-type]
+        if _peer_uid(sock) != os.geteuid():  # not our user's listener: never speak to it
+            reject(address, "unix", "the Unix socket belongs to another user", "refused_connections")
+            sock.close()
+            return None
+        _large_send_buffer(sock)
+    except OSError:
+        sock.close()
+        return None
+    try:
+        return _handshake(sock, address, auth, spin, timeout=LOCAL_DEADLINE)
+    except (TransportError, AuthenticationError):
+        return None
 
 
 def _dial(address: str, auth: Authenticator, tls: ssl.SSLContext | None, server_name: str | None,
           spin: float = DEFAULT_SPIN) -> TcpDialer:
-    scheme, host, port = _split_address(address)
-    if tls is None and LOCAL_SOCKETS:
-        # Same machine (same network namespace): a Unix socket costs a tenth of TCP
-        # loopback per message. Anything else (no such socket, a squatter that cannot
-        # authenticate) falls back to TCP.
+    scheme, host, port, machine = _split_address(address)
+    if tls is not None and scheme != "tls+tcp":
+        raise TransportError(f"{address} is a plain tcp:// address but this process has tls = true: it never "
+                             "dials without TLS. Give the listener's tls+tcp:// address (start it with tls = true)")
+    if scheme == "tls+tcp" and tls is None:
+        raise TransportError(f"{address} expects TLS: set tls = true (with tls_cert_file and tls_ca_file)")
+    if tls is None and LOCAL_SOCKETS and auth.expect is not None and machine and machine == machine_identity():
+        # Same machine and network namespace: a Unix socket costs a tenth of TCP loopback per message.
+        dialer = _dial_local(address, auth, spin)
+        if dialer is not None:
+            return dialer
+    for pause in (*DIAL_RETRIES, None):
         try:
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                sock.connect(_local_name(host, port))
-                _large_send_buffer(sock)
-            except OSError:
-                sock.close()
-                raise
-            return _handshake(sock, address, auth, spin)
-        except (OSError, TransportError, AuthenticationError):
-            pass
+            return _dial_tcp(address, host, port, auth, tls, server_name, spin)
+        except _Refused as exc:
+            if pause is None:
+                raise TransportError(f"{address} refused the connection before authenticating ({exc}), "
+                                     f"{len(DIAL_RETRIES) + 1} times: the listener is overloaded or closing") from None
+            time.sleep(pause)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+class _Refused(Exception):
+    """The listener closed the connection before it greeted (no room now): try again."""
+
+
+def _dial_tcp(address: str, host: str, port: int, auth: Authenticator, tls: ssl.SSLContext | None,
+              server_name: str | None, spin: float) -> TcpDialer:
     timeout = auth.limits.handshake_timeout
     try:
         sock = socket.create_connection((host, port), timeout=timeout)
@@ -913,19 +1001,24 @@ def _dial(address: str, auth: Authenticator, tls: ssl.SSLContext | None, server_
         raise TransportError(f"cannot connect to {address}: {exc}") from exc
     _tcp_options(sock)
     try:
-        if scheme == "tls+tcp":
-            if tls is None:
-                raise TransportError(f"{address} expects TLS: set tls = true (with tls_cert_file and tls_ca_file)")
-            sock = tls.wrap_socket(sock, server_hostname=server_name)
+        if tls is not None:
+            sock = tls.wrap_socket(sock, server_hostname=server_name or host)
+    except ssl.SSLCertVerificationError as exc:
+        sock.close()
+        raise AuthenticationError(
+            f"{address}: the listener's certificate is not valid for {server_name or host!r} ({exc.verify_message}): "
+            "give each node a certificate naming its address, or set tls_server_name to the name the "
+            "certificates carry") from None
     except (OSError, ValueError) as exc:
         sock.close()
         raise TransportError(f"cannot connect to {address}: TLS failed: {exc}") from exc
     return _handshake(sock, address, auth, spin)
 
 
-def _handshake(sock: socket.socket, address: str, auth: Authenticator, spin: float = DEFAULT_SPIN) -> TcpDialer:
+def _handshake(sock: socket.socket, address: str, auth: Authenticator, spin: float = DEFAULT_SPIN,
+               timeout: float | None = None) -> TcpDialer:
     """Authenticate a connected socket as the dialling side; the endpoint, or an error."""
-    timeout = auth.limits.handshake_timeout
+    timeout = auth.limits.handshake_timeout if timeout is None else timeout
     deadline = time.monotonic() + timeout
     sock.setblocking(False)
     hs = auth.dialer(address, private=sock.family == socket.AF_UNIX)
@@ -952,7 +1045,15 @@ def _handshake(sock: socket.socket, address: str, auth: Authenticator, spin: flo
     except TransportTimeout:
         conn.close()
         raise TransportError(f"{address} did not complete authentication within {timeout:.0f} s") from None
-    except (_Broken, HandshakeFailed) as exc:
+    except _Broken as exc:
+        conn.close()
+        if not hs.greeted:
+            raise _Refused(str(exc)) from None
+        raise AuthenticationError(
+            f"{address} refused this connection ({exc}): it does not hold the same secret (another "
+            "session's, or a manager with another authkey), or it is not a fibercore endpoint"
+        ) from None
+    except HandshakeFailed as exc:
         conn.close()
         raise AuthenticationError(
             f"{address} refused this connection ({exc}): it does not hold the same secret (another "
@@ -977,13 +1078,18 @@ class TcpTransport:
         self._server_ctx: ssl.SSLContext | None = None
         self._client_ctx: ssl.SSLContext | None = None
         if tls:
-            self._server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=tls.get("ca"))
-            self._client_ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=tls.get("ca"))
+            if not tls.get("ca"):
+                raise ConfigError("tls = true needs tls_ca_file (the CA that signed every node's certificate): "
+                                  "without it any certificate the system trusts would be accepted")
+            if not tls.get("cert"):
+                raise ConfigError("tls = true needs tls_cert_file (this node's certificate and key, one PEM file)")
+            self._server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            self._client_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # checks the name by default
             for ctx in (self._server_ctx, self._client_ctx):
-                if tls.get("cert"):
-                    ctx.load_cert_chain(tls["cert"])
+                ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+                ctx.load_verify_locations(cafile=tls["ca"])  # only this CA, not the system's
+                ctx.load_cert_chain(tls["cert"])
                 ctx.verify_mode = ssl.CERT_REQUIRED  # both sides show a certificate the CA signed
-            self._client_ctx.check_hostname = bool(tls.get("server_name"))
 
     def listen(self, kind: str, bind_host: str, advertise_host: str | None = None,
                auth: Authenticator | None = None, port: int = 0) -> TcpListener:
@@ -1003,18 +1109,29 @@ class TcpTransport:
         sock.setblocking(False)
         port = sock.getsockname()[1]
         adv = advertise_host or bind_host
-        address = _format_address(self._scheme, adv, port)
-        local = None
-        if self._server_ctx is None and LOCAL_SOCKETS:
+        local = self._bind_local(auth) if self._server_ctx is None and LOCAL_SOCKETS else None
+        machine = machine_identity() if local is not None else ""
+        address = _format_address(self._scheme, adv, port, machine)
+        return TcpListener(sock, address, auth, self._server_ctx, local, self._spin)
+
+    @staticmethod
+    def _bind_local(auth: Authenticator) -> socket.socket | None:
+        """The listener's same-machine Unix socket, named after its identity (a name that is
+        taken, which no one could have guessed, makes the listener draw a new identity)."""
+        for _ in range(3):
             local = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
-                local.bind(_local_name(adv, port))
+                local.bind(_local_name(auth.identity))
                 local.listen(512)
                 local.setblocking(False)
-            except OSError:  # the name is taken: peers here use TCP
+                return local
+            except OSError as exc:
                 local.close()
-                local = None
-        return TcpListener(sock, address, auth, self._server_ctx, local, self._spin)
+                if exc.errno != errno.EADDRINUSE:
+                    return None  # no abstract sockets here: TCP only (the address says so)
+                auth.new_identity()
+        raise TransportError("three random Unix socket names in a row were taken: another process on this "
+                             "machine is binding fibercore's names; find it with `ss -xlp | grep fibercore`")
 
     def dial(self, kind: str, address: str, auth: Authenticator | None = None) -> TcpDialer:
         if auth is None:

@@ -67,7 +67,7 @@ class Scheduler:
         self.retries = retries
         #: Times a chunk whose function raised is run again before the error is its result.
         self.error_retries = error_retries
-        self.channel = rt.listen("router")
+        self.channel = rt.listen("router", service="pool")
         self.address = self.channel.address
         self.lock = threading.RLock()
         self.changed = threading.Condition(self.lock)

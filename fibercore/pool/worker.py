@@ -250,7 +250,7 @@ def _serve(address: str, wid: int, initializer: Callable[..., Any] | None,
 
     rt = get_runtime()
     serializer = rt.serializer
-    channel = rt.dial("router", address)
+    channel = rt.dial("router", address, service="pool")
     leaving = threading.Event()
 
     def on_peer(peer: object, added: bool) -> None:

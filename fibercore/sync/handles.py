@@ -52,7 +52,7 @@ def client(address: str) -> rpc.Client:
         return found
 
     def make() -> rpc.Client:
-        made = rpc.client(address, None, f"the synchronization service at {address}")
+        made = rpc.client(address, None, f"the synchronization service at {address}", "sync")
         made.request(HELLO, 0, describe_here(), reply=False)
         at_process_end(_say_bye)
         return made

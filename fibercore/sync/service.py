@@ -66,7 +66,7 @@ class SyncService:
     def __init__(self) -> None:
         rt = get_runtime()
         self.serializer = rt.serializer
-        self.channel = rt.listen("router")
+        self.channel = rt.listen("router", service="sync")
         self.address = self.channel.address
         self.pid = os.getpid()
         self.lock = threading.Lock()

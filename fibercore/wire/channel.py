@@ -30,9 +30,10 @@ PAIR_SEND_SLICE = 0.25
 class Channel:
     """An authenticated endpoint: ``send`` messages to a peer, ``recv`` them from any."""
 
-    def __init__(self, endpoint: Endpoint, kind: str, listening: bool) -> None:
+    def __init__(self, endpoint: Endpoint, kind: str, listening: bool, address: str | None = None) -> None:
         self.endpoint = endpoint
-        self.address = endpoint.address
+        #: What dialers use: the endpoint's address and the listener's identity.
+        self.address = address or endpoint.address
         self.kind = kind
         self.listening = listening
         self._peers: list[Session] = []

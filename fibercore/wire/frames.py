@@ -1,13 +1,16 @@
-"""Frames: many messages in one authenticated unit, sealed with one direction's key.
+"""Frames: many messages in one unit, sealed with one direction's key (authenticated; encrypted on a network).
 
 Every integer on the wire is an unsigned 64-bit little-endian word (one encoding)::
 
     frame  = tag(16) || body
     body   = words || payload
     words  = counter, nwords, nmsgs, then per message: op, nparts, len(part_0) .. len(part_n)
-    tag    = AES-256-GCM tag over ``body`` as associated data (GMAC),
-             key = this connection's key for this direction (:mod:`fibercore.wire.handshake`),
-             nonce = counter (12 bytes, LE)
+
+On a network stream everything in ``body`` after the counter is encrypted, and ``tag`` is
+its AES-256-GCM tag (the counter as associated data; key = this connection's key for
+this direction, :mod:`fibercore.wire.handshake`; nonce = counter, 12 bytes LE). What
+crosses a network is so confidential even without TLS, and behind a TLS relay that
+holds a certificate of the same CA.
 
 On a private stream (a Unix-domain connection; the handshake proved both ends see
 one, :mod:`fibercore.wire.handshake`) the tag is all zeros and not checked: only the
@@ -81,14 +84,15 @@ class Sealer:
         self._counter = 0
 
     def seal(self, messages: Sequence[Message]) -> list[Any]:
-        """The frame as a list of buffers to send back to back (big parts are not copied)."""
+        """The frame as a list of buffers to send back to back: tag, counter, ciphertext."""
         self._counter += 1
         head, payload, size = self._layout(messages)
+        counter, words = head[:8], head[8:]
         nonce = self._counter.to_bytes(12, "little")
         if size <= _ONE_SHOT_MAX:
-            body = b"".join([head, *payload])
-            return [self._aead.encrypt(nonce, b"", body), body]
-        return self._seal_streaming(nonce, head, payload)
+            sealed = memoryview(self._aead.encrypt(nonce, b"".join([words, *payload]), counter))
+            return [sealed[-TAG_SIZE:], counter, sealed[:-TAG_SIZE]]
+        return self._seal_streaming(nonce, counter, words, payload)
 
     def _layout(self, messages: Sequence[Message]) -> tuple[bytes, list[Any], int]:
         """The header words (counter first) and the payload parts of one frame."""
@@ -106,31 +110,27 @@ class Sealer:
         words[1] = len(words)
         return _words(words), payload, size
 
-    def _seal_streaming(self, nonce: bytes, head: bytes, payload: list[Any]) -> list[Any]:
-        # Big parts are authenticated where they lie (not copied); runs of small ones are
-        # joined first (one MAC call per run instead of one per message).
-        mac = Cipher(self._aes, modes.GCM(nonce)).encryptor()
-        out: list[Any] = [None]
-        run: list[Any] = [head]
+    def _seal_streaming(self, nonce: bytes, counter: bytes, words: bytes, payload: list[Any]) -> list[Any]:
+        # Big parts are encrypted one by one; runs of small ones are joined first (one call
+        # per run instead of one per message).
+        enc = Cipher(self._aes, modes.GCM(nonce)).encryptor()
+        enc.authenticate_additional_data(counter)
+        out: list[Any] = [None, counter]
+        run: list[Any] = [words]
         for part in payload:
             if nbytes(part) < _ONE_SHOT_MAX:
                 run.append(part)
                 continue
             if run:
-                joined = b"".join(run)
-                mac.authenticate_additional_data(joined)
-                out.append(joined)
+                out.append(enc.update(b"".join(run)))
                 run = []
             if isinstance(part, memoryview) and (part.format != "B" or part.ndim != 1):
                 part = part.cast("B")
-            mac.authenticate_additional_data(part)
-            out.append(part)
+            out.append(enc.update(part))
         if run:
-            joined = b"".join(run)
-            mac.authenticate_additional_data(joined)
-            out.append(joined)
-        mac.finalize()
-        out[0] = mac.tag
+            out.append(enc.update(b"".join(run)))
+        enc.finalize()
+        out[0] = enc.tag
         return out
 
 
@@ -138,21 +138,20 @@ class Opener:
     """The receiving direction of one connection: checks tags and that counters only grow."""
 
     def __init__(self, key: bytes) -> None:
-        self._aead = AESGCM(key)
+        self._aes = algorithms.AES(key)
         self._last = 0
         self._seen = 0  # bit i: counter last - i was accepted
         self._lock = threading.Lock()
 
     def open(self, frame: bytes | memoryview) -> Messages:
-        """Authenticate ``frame`` and split it into messages; raise BadFrame otherwise."""
+        """Authenticate (and decrypt) ``frame`` and split it into messages; raise BadFrame otherwise."""
         view = memoryview(frame)
         if view.ndim != 1 or view.itemsize != 1:
             view = view.cast("B")
         if view.nbytes < TAG_SIZE + 8 * _FIXED_WORDS:
             raise BadFrame("short frame")
-        body = view[TAG_SIZE:]
-        counter = int.from_bytes(body[:8], "little")
-        self._verify(view, counter, body)
+        counter = int.from_bytes(view[TAG_SIZE:TAG_SIZE + 8], "little")
+        body = self._verify(view, counter)
         with self._lock:
             if counter > self._last:
                 shift = counter - self._last
@@ -165,11 +164,22 @@ class Opener:
                 self._seen |= 1 << behind
         return _split(body)
 
-    def _verify(self, view: memoryview, counter: int, body: memoryview) -> None:
+    def _verify(self, view: memoryview, counter: int) -> memoryview:
+        """The frame's body (counter, words, payload) in clear, into a new writable buffer."""
+        head = TAG_SIZE + 8
         try:
-            self._aead.decrypt(counter.to_bytes(12, "little"), view[:TAG_SIZE], body)
-        except (InvalidTag, OverflowError):
+            dec = Cipher(self._aes, modes.GCM(counter.to_bytes(12, "little"), bytes(view[:TAG_SIZE]))).decryptor()
+        except (ValueError, OverflowError):
+            raise BadFrame("bad counter") from None
+        dec.authenticate_additional_data(view[TAG_SIZE:head])
+        body = bytearray(len(view) - TAG_SIZE + 15)  # update_into wants a block's slack
+        body[:8] = view[TAG_SIZE:head]
+        n = dec.update_into(view[head:], memoryview(body)[8:])
+        try:
+            dec.finalize()
+        except InvalidTag:
             raise BadFrame("bad authentication tag") from None
+        return memoryview(body)[:8 + n]
 
 
 _NO_TAG = bytes(TAG_SIZE)
@@ -189,8 +199,8 @@ class StreamSealer(Sealer):
 class StreamOpener(Opener):
     """The receiving side of :class:`StreamSealer`: counters are still checked."""
 
-    def _verify(self, view: memoryview, counter: int, body: memoryview) -> None:
-        pass
+    def _verify(self, view: memoryview, counter: int) -> memoryview:
+        return view[TAG_SIZE:]
 
 
 def _split(body: memoryview) -> Messages:

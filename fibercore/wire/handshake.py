@@ -3,17 +3,28 @@
 Run by every transport on every new connection, before the connection is a peer
 (no frame delivered, no peer event, no Pipe taken, no EOF)::
 
-    listener → dialer   HELLO  = MAGIC(8) || nonce_l(32)
-    dialer   → listener PROOF  = nonce_d(32) || HMAC(key, "fibercore dialer"   || via || kind || nonce_l || nonce_d)
-    listener → dialer   PROOF  =              HMAC(key, "fibercore listener" || via || kind || nonce_l || nonce_d)
+    listener → dialer   HELLO  = MAGIC(8) || nonce_l(32) || identity(16)
+    dialer   → listener PROOF  = nonce_d(32) || HMAC(key, "fibercore dialer"   || context || nonce_l || nonce_d)
+    listener → dialer   PROOF  =              HMAC(key, "fibercore listener" || context || nonce_l || nonce_d)
+    context = via(1) || identity(16) || kind || "/" || service
 
 ``key`` is the session secret (or a manager's authkey). Each side proves it holds
 the key over the other's fresh nonce, as multiprocessing's ``deliver_challenge`` and
 ``answer_challenge`` do both ways; the two labels differ, so a proof cannot be
 reflected. The connection's keys come from both nonces, one per direction::
 
-    base = HMAC(key, "fibercore connection keys" || via || kind || nonce_l || nonce_d)
+    base = HMAC(key, "fibercore connection keys" || context || nonce_l || nonce_d)
     key(listener → dialer) = HMAC(base, "listener to dialer"); key(dialer → listener) likewise
+
+Every proof binds the listener the dialer meant. ``identity`` is a random 16-byte name
+each listening endpoint draws (:attr:`Authenticator.identity`); the core appends it to
+the endpoint's address (``…#<hex>``), so a dialer knows it before it connects
+(:attr:`Authenticator.expect`) and refuses a HELLO that names another listener before it
+sends any proof: a handshake relayed to another listener of the same session fails, and
+a stranger answering in the listener's place learns nothing it could test keys against.
+``service`` (``pool``, ``queue``, ``sync``, ``manager``, ``admin``, ``pipe``) enters every
+MAC too, so a dialer without an identity to expect (a manager reached by its
+``(host, port)``) still cannot be relayed to a listener of another service.
 
 ``via`` is one byte, each side's own view of the connection: ``P`` for a private
 stream (a Unix-domain socket: only the two processes can write into it), ``N`` for a
@@ -36,9 +47,10 @@ from typing import Any
 
 from fibercore.wire.frames import Opener, Sealer, StreamOpener, StreamSealer
 
-MAGIC = b"FIBERv3\x00"
+MAGIC = b"FIBERv4\x00"
 NONCE = 32
 MAC = 32
+IDENTITY = 16
 #: The largest frame a transport may accept from a connection that has not authenticated.
 MAX_HANDSHAKE_FRAME = 128
 
@@ -53,9 +65,13 @@ class Limits:
 
     #: Seconds a new connection has to authenticate before it is closed.
     handshake_timeout: float = 10.0
-    #: Connections that have not authenticated yet, per listening endpoint (the oldest is
-    #: closed to make room for a new one).
+    #: Connections that have not authenticated yet, per listening endpoint. When they are
+    #: all taken, a new connection is refused (a handshake in progress is never closed to
+    #: make room), unless one peer holds more than its share: then that peer's newest goes.
     max_pending: int = 64
+    #: Unauthenticated connections one peer identity (a uid on Unix sockets, an address on
+    #: TCP) may hold on one listener; more are refused, so one peer cannot starve the others.
+    max_pending_per_peer: int = 16
     #: Authenticated connections per listening endpoint.
     max_peers: int = 4096
     #: Largest frame an authenticated peer may send (bigger ones arrive as several records).
@@ -89,19 +105,29 @@ class Session:
 class Handshake:
     """One side of one connection's handshake, driven by the transport frame by frame."""
 
-    def __init__(self, key: bytes, kind: str, listening: bool, label: str, private: bool = False) -> None:
+    def __init__(self, key: bytes, context: bytes, identity: bytes | None, listening: bool, label: str,
+                 private: bool = False) -> None:
         self._key = key
         self._private = private
-        self._kind = (b"P" if private else b"N") + kind.encode()  # ``via || kind`` in every MAC
+        self._context = context  # ``kind / service``; ``via || identity`` go in front once known
+        self._identity = identity  # the listener's own, or the one a dialer expects (None: any)
         self._listening = listening
         self._label = label
         self._nonce = os.urandom(NONCE)
         self._other: bytes | None = None
+        #: The listener answered (a dialer got a well-formed HELLO): a refusal after this is a
+        #: wrong key, one before it a listener that is busy or gone.
+        self.greeted = False
         self.session: Session | None = None
+        if identity is not None:
+            self._bind(identity)
+
+    def _bind(self, identity: bytes) -> None:
+        self._kind = (b"P" if self._private else b"N") + identity + self._context
 
     def start(self) -> bytes | None:
         """What to send as soon as the connection is open (the listener speaks first)."""
-        return MAGIC + self._nonce if self._listening else None
+        return MAGIC + self._nonce + self._identity if self._listening else None  # type: ignore[operator]
 
     def feed(self, frame: bytes | memoryview) -> bytes | None:
         """Take the peer's next handshake frame; return the reply to send, if any.
@@ -123,9 +149,16 @@ class Handshake:
             self._finish(nonce_l, nonce_d)
             return _mac(self._key, b"fibercore listener", self._kind, nonce_l, nonce_d)
         if self._other is None:  # the listener's HELLO
-            if len(data) != len(MAGIC) + NONCE or not data.startswith(MAGIC):
+            if len(data) != len(MAGIC) + NONCE + IDENTITY or not data.startswith(MAGIC):
                 raise HandshakeFailed("not a fibercore endpoint, or another protocol version")
-            self._other = data[len(MAGIC):]
+            identity = data[len(MAGIC) + NONCE:]
+            if self._identity is None:
+                self._bind(identity)
+            elif not hmac.compare_digest(identity, self._identity):
+                raise HandshakeFailed("another listener than the address names answered (a relay, or an "
+                                      "address from an earlier run)")
+            self.greeted = True
+            self._other = data[len(MAGIC):len(MAGIC) + NONCE]
             return self._nonce + _mac(self._key, b"fibercore dialer", self._kind, self._other, self._nonce)
         nonce_l, nonce_d = self._other, self._nonce
         if len(data) != MAC or not hmac.compare_digest(
@@ -145,24 +178,41 @@ class Handshake:
 
 
 class Authenticator:
-    """What a transport needs to admit connections to one endpoint: handshakes and limits."""
+    """What a transport needs to admit connections to one endpoint: handshakes and limits.
 
-    def __init__(self, key: bytes, kind: str, limits: Limits | None = None) -> None:
+    A listening endpoint's authenticator carries its :attr:`identity`; a dialing one the
+    identity it :attr:`expect` s (from the address), or None when the address names none.
+    """
+
+    def __init__(self, key: bytes, kind: str, limits: Limits | None = None, service: str | None = None,
+                 expect: bytes | None = None) -> None:
         self._key = key
         self.kind = kind
+        self.service = service or kind
         self.limits = limits or Limits()
+        self._context = f"{kind}/{self.service}".encode()
+        #: This listener's random name (every proof binds it); a transport may draw a new one
+        #: with :meth:`new_identity` before it publishes its address (its first name was taken).
+        self.identity = os.urandom(IDENTITY)
+        #: The listener identity a dialer requires (None: any, bound into the proofs as sent).
+        self.expect = expect
+
+    def new_identity(self) -> bytes:
+        self.identity = os.urandom(IDENTITY)
+        return self.identity
 
     def listener(self, label: str = "?", private: bool = False) -> Handshake:
         """A handshake for a connection this endpoint accepted; ``private``: a stream only
-        the two processes can write into (a Unix-domain socket), whose frames need no MAC."""
-        return Handshake(self._key, self.kind, True, label, private)
+        the two processes can write into (a Unix-domain socket whose peer's user was
+        checked), whose frames need no MAC."""
+        return Handshake(self._key, self._context, self.identity, True, label, private)
 
     def dialer(self, label: str = "?", private: bool = False) -> Handshake:
         """A handshake for a connection this endpoint opened (``private`` as for listener)."""
-        return Handshake(self._key, self.kind, False, label, private)
+        return Handshake(self._key, self._context, self.expect, False, label, private)
 
     def __repr__(self) -> str:  # never shows the key (hook traces print arguments)
-        return f"<Authenticator {self.kind}>"
+        return f"<Authenticator {self.kind}/{self.service}>"
 
     def __reduce__(self) -> Any:
         raise TypeError("an Authenticator holds a secret and is never pickled")
