@@ -39,7 +39,13 @@ import time
 from collections.abc import Callable, Hashable
 from typing import Any
 
-from fibercore.errors import AuthenticationError, ConfigError, TransportClosed, TransportError, TransportTimeout
+from fibercore.errors import (
+    AuthenticationError,
+    ConfigError,
+    TransportClosed,
+    TransportError,
+    TransportTimeout,
+)
 from fibercore.hookspecs import hookimpl
 from fibercore.transport import PeerCallback
 from fibercore.util import machine_identity
