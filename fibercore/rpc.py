@@ -46,6 +46,8 @@ class Future(ApplyResult):
         self._convert: Callable[[Any], Any] | None = None
         self._client = client  # whose connection carries the answer (read by whoever waits)
         self.req = 0
+        #: Set when its caller stopped waiting (:meth:`Client.abandon`): runs on the late answer.
+        self.late: Callable[[int, Any], None] | None = None
 
     def _answer(self, kind: int, value: Any) -> None:
         """The server's answer: RETURN or ERROR (raised by get), or another kind ``_convert`` reads."""
@@ -149,6 +151,17 @@ class Client:
             except Exception as exc:
                 kind, value = ERROR, RemoteError(f"cannot unpickle the answer of {self.what}: {exc}")
             future._answer(kind, value)
+            if future.late is not None:
+                future.late(kind, value)
+
+    def abandon(self, future: Future, late: Callable[[int, Any], None]) -> bool:
+        """Stop waiting for ``future`` (its server does not answer): ``late`` gets the answer
+        if it ever comes. False when the answer is already being delivered (wait for it)."""
+        with self.lock:
+            if future.req not in self.waiting:
+                return False
+            future.late = late
+            return True
 
     def _fail_all(self, exc: BaseException) -> None:
         with self.lock:

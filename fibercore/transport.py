@@ -52,7 +52,9 @@ class Endpoint(Protocol):
         """Send the concatenation of ``parts`` as one frame to ``peer`` (a dialler: its one peer).
 
         Blocks while buffers are full; ``block=False`` raises TransportTimeout rather than
-        wait. Raises TransportClosed when the endpoint or that peer's connection is closed.
+        wait when nothing of the frame could be sent, and never waits long for the rest of
+        a frame it began (a peer that stops reading mid-frame is dropped: TransportClosed).
+        Raises TransportClosed when the endpoint or that peer's connection is closed.
         """
 
     def recv(self, timeout: float | None = None) -> tuple[bytes | memoryview, Hashable]:

@@ -63,6 +63,9 @@ from fibercore.wire.handshake import (
 LOCAL_SOCKETS = sys.platform.startswith("linux")
 #: Bytes a Unix connection may queue towards its reader (the kernel caps it at net.core.wmem_max).
 UNIX_SEND_BUFFER = 4 << 20
+#: Seconds a non-blocking write that got part of a frame out waits for room for the rest
+#: before it gives the peer up (the stream cannot carry another frame before this one ends).
+PARTIAL_WAIT = 5.0
 #: Longest a reading thread polls before it looks again at what changed (closed, handed over).
 READ_STEP = 0.05
 #: A listener's reading thread polls before sleeping only this soon after its last frame
@@ -132,7 +135,8 @@ class _Conn:
 
     # -- writing ----------------------------------------------------------------------------
     def write(self, parts: list[Any], block: bool = True, deadline: float | None = None) -> None:
-        """Write one frame (the parts back to back) as records; all or, with block=False, nothing."""
+        """Write one frame (the parts back to back) as records; all or, with block=False, nothing
+        (once part of it is out, the rest within :data:`PARTIAL_WAIT`, or the connection breaks)."""
         views = [v for v in map(_byte_view, parts) if len(v)]
         total = sum(len(v) for v in views)
         if total <= RECORD_MAX:
@@ -155,6 +159,7 @@ class _Conn:
 
     def _write_all(self, iov: list[Any], block: bool, deadline: float | None) -> None:
         sent_any = False
+        started = not block and deadline is None  # a non-blocking write that got a part out ...
         while iov:
             try:
                 if self.tls:
@@ -165,7 +170,14 @@ class _Conn:
             except _WOULD_BLOCK:
                 if not block and not sent_any:
                     raise TransportTimeout(f"{self.label} cannot take a frame now") from None
-                self._wait(select.POLLOUT, deadline)
+                if started and deadline is None:  # ... finishes it within PARTIAL_WAIT, or the peer is stuck
+                    deadline = time.monotonic() + PARTIAL_WAIT
+                try:
+                    self._wait(select.POLLOUT, deadline)
+                except TransportTimeout:
+                    if not sent_any:
+                        raise
+                    raise _Broken(f"the peer stopped reading in the middle of a frame for {PARTIAL_WAIT:.0f} s") from None
                 continue
             except OSError as exc:
                 raise _Broken(str(exc)) from None

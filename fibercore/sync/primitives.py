@@ -40,9 +40,9 @@ class _Acquirer(Handle):
         """Take the lock (a unit of the semaphore); wait up to ``timeout`` s (None: forever)
         when ``block``; True when taken."""
         if not block or (timeout is not None and timeout <= 0):
-            ok = granted(self._call("acquire", False))
+            ok = granted(self._call("acquire", False, gave_up=False, undo="release"))
         else:
-            ok = granted(self._call("acquire", True, timeout=timeout, wait=True))
+            ok = granted(self._call("acquire", True, timeout=timeout, wait=True, gave_up=False, undo="release"))
         if ok and self._remote():
             key = (self._address, self._oid)
             with _held_lock:
@@ -252,7 +252,7 @@ class Event(Handle):
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until the flag is set, or ``timeout`` s; the flag."""
-        return bool(self._call("wait", timeout=timeout, wait=True))
+        return bool(self._call("wait", timeout=timeout, wait=True, gave_up=False))
 
     def __repr__(self) -> str:
         set_or_not = "set" if self.is_set() else "unset"

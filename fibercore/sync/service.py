@@ -21,6 +21,11 @@
   the process dies (its kernel closes it); a lost machine is noticed by TCP keepalive.
 * An object lives while its creating process holds a handle to it, or for the life of
   the service once a handle has been sent to another process.
+* No peer can stall the service: a small answer goes out at once when its connection
+  has room; a big one, or any while some wait, goes into that peer's outbox, sent by a
+  thread of its own. A peer that reads nothing for :data:`STUCK_AFTER` seconds, or lets
+  :data:`OUTBOX_BYTES` pile up, is dropped (as if it died: its locks are released as
+  abandoned). One peer may park at most :data:`MAX_PARKED_PER_PEER` requests.
 """
 
 from __future__ import annotations
@@ -31,10 +36,11 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable, Hashable
 from typing import Any
 
-from fibercore.errors import TransportClosed, TransportError
+from fibercore.errors import ProcessError, TransportClosed, TransportError, TransportTimeout
 from fibercore.rpc import HEAD, REPLY, REQUEST
 from fibercore.runtime import get_runtime
 from fibercore.sync.states import ERROR, PARKED, RETURN, State, Waiter
@@ -46,6 +52,25 @@ log = logging.getLogger("fibercore.sync")
 CALL, CANCEL, HELLO, BYE = 2, 7, 8, 9
 #: The peer of calls made in the service's own process.
 LOCAL = "local"
+#: Seconds a peer may leave its connection full (answers waiting) before it is dropped.
+STUCK_AFTER = 30.0
+#: Bytes of answers that may wait for one peer before it is dropped.
+OUTBOX_BYTES = 512 << 20
+#: Answers up to this size are sent from the service thread when the connection has room.
+INLINE_BYTES = 64 << 10
+#: Requests one peer may have parked (waiting for a lock, an event...) at once.
+MAX_PARKED_PER_PEER = 10_000
+
+
+class _Outbox:
+    """One peer's answers that found its connection full, and the thread sending them."""
+
+    __slots__ = ("messages", "bytes", "since")
+
+    def __init__(self) -> None:
+        self.messages: collections.deque[tuple[list[Any], int]] = collections.deque()
+        self.bytes = 0
+        self.since = time.monotonic()  # when the connection last took a frame
 
 
 class Ref:
@@ -81,6 +106,9 @@ class SyncService:
         self.names: dict[Hashable, str] = {}  # peer -> "Process-3 (pid 41 on node-7)"
         self.leaving: set[Hashable] = set()  # peers that said BYE
         self._outbox: list[tuple[Hashable, int, int, Any]] = []
+        self._boxes: dict[Hashable, _Outbox] = {}  # peers whose answers wait for room
+        self._boxes_lock = threading.Lock()
+        self._parked_by: collections.Counter[Hashable] = collections.Counter()
         self._local_ids = itertools.count(1)
         self.channel.on_peer_event(self._peer_event)
         threading.Thread(target=self._serve, name="fiber-sync", daemon=True).start()
@@ -162,9 +190,13 @@ class SyncService:
 
     # -- the service thread -------------------------------------------------------------------------
     def _serve(self) -> None:
+        checked = time.monotonic()
         while True:
+            if self._boxes and time.monotonic() - checked > 1.0:
+                checked = time.monotonic()
+                self._check_stuck()
             try:
-                messages, peer = self.channel.recv()
+                messages, peer = self.channel.recv(1.0)
             except TransportClosed:
                 return
             except TransportError:
@@ -185,12 +217,17 @@ class SyncService:
             key = (peer, req)
             w = Waiter((peer, thread), lambda kind, value: self._reply(key, kind, value))
             try:
+                if self._parked_by[peer] >= MAX_PARKED_PER_PEER:  # each thread parks one: a flood
+                    raise ProcessError(
+                        f"{self.names.get(peer, peer)} has {MAX_PARKED_PER_PEER} calls waiting in the "
+                        f"synchronization service of pid {self.pid} already; refused")
                 answer = self._invoke(w, oid, method, args)
             except Exception as exc:
                 w.finish(ERROR, with_traceback(exc))
             else:
                 if answer is PARKED:
                     self.parked[key] = w
+                    self._parked_by[peer] += 1
                 else:
                     w.finish(RETURN, answer)
         elif op == CANCEL:
@@ -206,11 +243,14 @@ class SyncService:
 
     def _reply(self, key: tuple[Hashable, int], kind: int, value: Any) -> None:
         """Queue the answer to remote request ``key`` (lock held; sent by :meth:`_flush`)."""
-        self.parked.pop(key, None)
+        if self.parked.pop(key, None) is not None:
+            self._parked_by[key[0]] -= 1
+            if self._parked_by[key[0]] <= 0:
+                del self._parked_by[key[0]]
         self._outbox.append((key[0], key[1], kind, value))
 
     def _flush(self) -> None:
-        """Send the queued answers (not under the lock: a send may wait for the socket)."""
+        """Send the queued answers (not under the lock); none waits for a peer's room."""
         with self.lock:
             outbox, self._outbox = self._outbox, []
         for peer, req, kind, value in outbox:
@@ -218,10 +258,70 @@ class SyncService:
                 parts = self.serializer.dumps(value)
             except Exception as exc:
                 kind, parts = ERROR, self.serializer.dumps(ValueError(f"cannot pickle the answer: {exc}"))
+            self._deliver(peer, [(REPLY, [HEAD.pack(req, kind), *parts])])
+
+    def _deliver(self, peer: Hashable, message: list[Any]) -> None:
+        """Send a small answer now if ``peer``'s connection has room and nothing of its waits;
+        else queue it for that peer's own sending thread (which alone may wait for it)."""
+        size = sum(len(p) for p in message[0][1])
+        with self._boxes_lock:
+            box = self._boxes.get(peer)
+            if box is None:
+                if size <= INLINE_BYTES:
+                    try:
+                        self.channel.send(message, peer, block=False)
+                        return
+                    except TransportTimeout:  # full: the peer is slow, stopped, or reading a big answer
+                        pass
+                    except TransportError:
+                        return  # the caller's process is gone: its loss is handled by _peer_event
+                box = self._boxes[peer] = _Outbox()
+                threading.Thread(target=self._drain, args=(peer, box), name="fiber-sync-out", daemon=True).start()
+            box.messages.append((message, size))
+            box.bytes += size
+            if box.bytes > OUTBOX_BYTES:
+                self._give_up(peer, f"{box.bytes >> 20} MiB of answers it does not read")
+
+    def _drain(self, peer: Hashable, box: _Outbox) -> None:
+        """A slow peer's sending thread: its answers in order, waiting for its connection
+        (the service thread drops the peer if it waits :data:`STUCK_AFTER` seconds)."""
+        while True:
+            with self._boxes_lock:
+                if not box.messages or self._boxes.get(peer) is not box:
+                    if self._boxes.get(peer) is box:
+                        del self._boxes[peer]
+                    return
+                message, size = box.messages[0]
+                box.since = time.monotonic()
             try:
-                self.channel.send([(REPLY, [HEAD.pack(req, kind), *parts])], peer)
+                self.channel.send(message, peer)
             except TransportError:
-                pass  # the caller's process is gone: its loss is handled by _peer_event
+                with self._boxes_lock:
+                    if self._boxes.get(peer) is box:
+                        del self._boxes[peer]
+                return
+            with self._boxes_lock:
+                if box.messages:
+                    box.messages.popleft()
+                box.bytes -= size
+
+    def _check_stuck(self) -> None:
+        """Drop peers whose sending thread has waited too long for them to read."""
+        now = time.monotonic()
+        with self._boxes_lock:
+            stuck = [peer for peer, box in self._boxes.items() if now - box.since > STUCK_AFTER]
+        for peer in stuck:
+            self._give_up(peer, f"it read nothing for {STUCK_AFTER:.0f} s")
+
+    def _give_up(self, peer: Hashable, why: str) -> None:
+        """Drop a peer that does not read its answers (its locks are released as abandoned)."""
+        log.warning("synchronization service (pid %d): dropped %s: %s", self.pid,
+                    self.names.get(peer, repr(peer)), why)
+        with self._boxes_lock:
+            box = self._boxes.pop(peer, None)
+            if box is not None:
+                box.messages.clear()
+        self.channel.drop(peer)
 
     def _peer_event(self, peer: Hashable, added: bool) -> None:
         if added:
@@ -233,6 +333,7 @@ class SyncService:
             for key in [k for k in self.parked if k[0] == peer]:
                 self.parked[key].done = True  # nobody to answer
                 del self.parked[key]
+            self._parked_by.pop(peer, None)
             for state in list(self.objects.values()):
                 try:
                     state.peer_lost(peer, who, abrupt)
