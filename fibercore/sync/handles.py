@@ -15,9 +15,9 @@ import weakref
 from typing import Any, ClassVar
 
 from fibercore import rpc
-from fibercore.rpc import RETURN
 from fibercore.errors import AbandonedLockWarning, TimeoutError
 from fibercore.lifetime import PerProcess, at_process_end, current_pid
+from fibercore.rpc import RETURN
 from fibercore.runtime import adopt_credentials, credentials_for_child
 from fibercore.sync.service import BYE, CALL, CANCEL, HELLO, SyncService, describe_here
 from fibercore.sync.states import State
