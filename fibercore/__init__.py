@@ -20,6 +20,7 @@ from fibercore.errors import (
     ProcessError,
     SerializationError,
     TimeoutError,
+    WeakAuthkeyWarning,
     WorkerLostError,
 )
 from fibercore.hookspecs import hookimpl
@@ -138,6 +139,7 @@ __all__ = [
     "Job",
     "JobSpec",
     "JobStartError",
+    "WeakAuthkeyWarning",
     "JobStatus",
     "JoinableQueue",
     "Manager",

@@ -255,8 +255,42 @@ def _from_file(conf_file: str | os.PathLike[str] | None) -> Config:
     return build_config(options, file_values, file_name, read_env_values(os.environ), {})
 
 
+def check_owner(path: Path) -> None:
+    """Refuse a config file another user could have written (``python_exe``, ``image`` or a
+    backend's command in it decide what every job runs): it must belong to this user (or
+    root) and be writable by no one else (group-writable only for the user's private group)."""
+    try:
+        st = path.stat()
+    except OSError:
+        return
+    me = os.geteuid()
+    fix = f"chown {me} '{path}' && chmod go-w '{path}'"
+    if st.st_uid not in (me, 0):
+        raise ConfigError(f"{path} belongs to another user (uid {st.st_uid}); a config file decides what "
+                          f"every job runs, so fibercore reads only yours. If it is yours to trust: {fix}")
+    import stat
+
+    if st.st_mode & stat.S_IWOTH or (st.st_mode & stat.S_IWGRP and not _private_group(st.st_gid)):
+        raise ConfigError(f"{path} is writable by other users (mode {stat.S_IMODE(st.st_mode):o}); a config "
+                          f"file decides what every job runs. Fix: chmod go-w '{path}'")
+
+
+def _private_group(gid: int) -> bool:
+    """Whether ``gid`` is this user's own group with no other member (Debian's user groups)."""
+    try:
+        import grp
+        import pwd
+
+        me = pwd.getpwuid(os.geteuid())
+        group = grp.getgrgid(gid)
+    except (ImportError, KeyError):
+        return False
+    return gid == me.pw_gid and all(member == me.pw_name for member in group.gr_mem)
+
+
 def read_ini(candidate: Path) -> tuple[dict[str, str], str]:
     """The ``[default]`` section of an INI file (``.fiberconfig``), and its name."""
+    check_owner(candidate)
     parser = configparser.ConfigParser()
     try:
         parser.read(candidate)
@@ -291,6 +325,7 @@ def read_file_values(cwd: str | os.PathLike[str] | None = None) -> tuple[dict[st
             raise ConfigError(f"cannot parse {pyproject}: {exc}") from exc
         section = data.get("tool", {}).get("fiber")
         if isinstance(section, dict):
+            check_owner(pyproject)
             return dict(section), f"{pyproject} [tool.fiber]"
     return {}, None
 

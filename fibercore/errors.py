@@ -88,3 +88,8 @@ class BrokenBarrierError(threading.BrokenBarrierError, FiberError):
 class AbandonedLockWarning(RuntimeWarning):
     """A shared lock was acquired after its previous holder's process ended while holding
     it: fibercore released it, but what it protected may be half-updated."""
+
+
+class WeakAuthkeyWarning(UserWarning):
+    """A manager ``authkey`` shorter than 16 bytes: anyone who sees one handshake made with
+    it can guess it offline. Accepted (multiprocessing's own examples use short keys)."""

@@ -302,6 +302,36 @@ def public_methods(obj: Any) -> tuple[str, ...]:
     return tuple(name for name in dir(obj) if name[0] != "_" and callable(getattr(obj, name, None)))
 
 
+#: Shortest manager authkey accepted without a warning (the session secret is 32 bytes).
+MIN_AUTHKEY = 16
+_warned_keys: set[int] = set()
+
+
+def checked_authkey(authkey: Any) -> bytes | None:
+    """A manager's ``authkey`` as bytes (None: the session's secret).
+
+    ``b""`` is refused: it would let anyone connect. A key under :data:`MIN_AUTHKEY` bytes
+    is accepted with a :class:`~fibercore.errors.WeakAuthkeyWarning` (once per key):
+    multiprocessing's own manager examples use such keys (``b'abracadabra'``), and a
+    drop-in runs them; the warning says how easily it is guessed.
+    """
+    if authkey is None:
+        return None
+    key = bytes(authkey)
+    if not key:
+        raise ValueError("authkey=b'' would let any process that reaches the manager's port run code in it: "
+                         "leave authkey out (the session's secret is used), or pass os.urandom(32)")
+    if len(key) < MIN_AUTHKEY and hash(key) not in _warned_keys:
+        _warned_keys.add(hash(key))
+        import warnings
+
+        warnings.warn(f"a manager authkey of {len(key)} bytes can be guessed offline by anyone who sees one "
+                      f"connection attempt made with it; use {MIN_AUTHKEY} or more random bytes "
+                      "(os.urandom(32)), or leave authkey out to use the session's secret",
+                      WeakAuthkeyWarning, stacklevel=3)
+    return key
+
+
 def _bind_request(address: Any) -> tuple[str | None, int]:
     """(host, port) a server listens on for a manager ``address``: a (host, port) tuple,
     a ``tcp://host:port`` address or None (the backend's listen host, a port the OS picks)."""
@@ -381,7 +411,7 @@ class BaseProxy:
         self._token = token
         self._id = token.id
         self._serializer = serializer
-        self._key = bytes(authkey) if authkey is not None else None
+        self._key = checked_authkey(authkey)
         self._manager = manager
         self._exposed = tuple(exposed) if exposed is not None else None
         self._manager_owned = manager_owned
@@ -621,7 +651,7 @@ class BaseManager:
         self._serializer = serializer
         self._requested = _bind_request(address)  # where start()/get_server() listen
         self._address = _dial_address(address)
-        self._authkey = bytes(authkey) if authkey is not None else None
+        self._authkey = checked_authkey(authkey)
         self._process: Any = None
         self._state = "initial"
         self._shutdown_timeout = shutdown_timeout

@@ -170,14 +170,30 @@ def _read_secret_fd(fd: int) -> dict[str, str]:
     return dict(line.split("=", 1) for line in lines if "=" in line)
 
 
+def _take_inherited_secret() -> dict[str, str]:
+    """Read and close an inherited ``FIBER_SECRET_FD`` now, at ``import fibercore``: a
+    subprocess the program starts before its first fibercore call (``os.system``) must
+    inherit neither the descriptor nor the variable."""
+    fd = os.environ.pop("FIBER_SECRET_FD", None)
+    if not fd:
+        return {}
+    try:
+        return _read_secret_fd(int(fd))
+    except (ValueError, OSError):
+        return {}
+
+
+_inherited_secret = _take_inherited_secret()
+
+
 def _session_from_env(plugins: Plugins, cfg: _config.Config) -> tuple[str, bytes] | None:
     session = os.environ.get("FIBER_SESSION")
     if not session:
         return None
     secret_hex = os.environ.pop("FIBER_SECRET", None)
-    secret_fd = os.environ.pop("FIBER_SECRET_FD", None)
-    if secret_hex is None and secret_fd:
-        secret_hex = _read_secret_fd(int(secret_fd)).get("FIBER_SECRET")
+    inherited = _inherited_secret.get("FIBER_SECRET")
+    if secret_hex is None and inherited:
+        secret_hex = inherited
     secret_file = os.environ.pop("FIBER_SECRET_FILE", None)
     if secret_hex is None and secret_file:
         with open(secret_file) as fh:
