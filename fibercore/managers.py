@@ -48,6 +48,7 @@ from fibercore.errors import (
     TimeoutError,
     TransportClosed,
     TransportError,
+    WeakAuthkeyWarning,
 )
 from fibercore.rpc import (
     ERROR,
