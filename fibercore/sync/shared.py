@@ -18,6 +18,9 @@ lock and access are one request), so ``with v.get_lock(): v.value += 1`` is atom
 from __future__ import annotations
 
 import ctypes
+import hmac
+import logging
+import os
 import threading
 import weakref
 from collections.abc import Iterator
@@ -28,6 +31,9 @@ from fibercore.sync.handles import Handle
 from fibercore.sync.primitives import Lock, RLock, WithLock, _depth, _held
 from fibercore.sync.service import Ref
 from fibercore.sync.states import DataState, ctype_of
+from fibercore.util import machine_identity
+
+log = logging.getLogger("fibercore.sync")
 
 
 class _Segment(shared_memory.SharedMemory):
@@ -44,12 +50,19 @@ class _Segment(shared_memory.SharedMemory):
 _segments: dict[str, shared_memory.SharedMemory] = {}
 
 
-def _allocate(ctype: Any) -> tuple[Any, str]:
-    """A zeroed ``ctype`` object in a new shared-memory segment, and the segment's name."""
-    segment = _Segment(create=True, size=max(1, ctypes.sizeof(ctype)))
+#: Bytes in front of the object in its segment: a random tag the handle carries, checked
+#: before a process maps the segment (a segment planted under the name is not used).
+HEADER = 16
+
+
+def _allocate(ctype: Any) -> tuple[Any, str, bytes]:
+    """A zeroed ``ctype`` object in a new shared-memory segment (mode 0600), its name and tag."""
+    segment = _Segment(create=True, size=HEADER + max(1, ctypes.sizeof(ctype)))
+    tag = os.urandom(HEADER)
+    segment.buf[:HEADER] = tag
     _segments[segment.name] = segment
     weakref.finalize(segment, _unlink, segment.name)  # at exit: the creating process owns it
-    return ctype.from_buffer(segment.buf), segment.name
+    return ctype.from_buffer(segment.buf, HEADER), segment.name, tag
 
 
 def _release_segment(oid: int, name: str) -> None:
@@ -69,10 +82,14 @@ def _unlink(name: str) -> None:
         pass
 
 
-def _map(name: str, ctype: Any) -> Any | None:
-    """The object in segment ``name`` if this machine has it (None: use the service)."""
+def _map(name: str, ctype: Any, tag: bytes, machine: str) -> Any | None:
+    """The object in segment ``name`` if this machine has that very segment (None: use the
+    service): same machine, the segment owned by this user with no access for others, and
+    the tag the handle carries at its start."""
     segment = _segments.get(name)
     if segment is None:
+        if not machine or machine != machine_identity():
+            return None
         try:
             segment = _Segment(name=name)
         except (OSError, ValueError):
@@ -81,10 +98,18 @@ def _map(name: str, ctype: Any) -> Any | None:
             resource_tracker.unregister(segment._name, "shared_memory")  # type: ignore[attr-defined]
         except Exception:
             pass
+        st = os.fstat(segment._fd)  # type: ignore[attr-defined]
+        if (st.st_uid != os.geteuid() or st.st_mode & 0o077 or segment.size < HEADER + ctypes.sizeof(ctype)
+                or not hmac.compare_digest(bytes(segment.buf[:HEADER]), tag)):
+            log.warning("shared memory /dev/shm%s is not the segment of this object (another owner, mode "
+                        "%o or content): not mapped; every access goes to the creating process instead",
+                        segment._name, st.st_mode & 0o777)  # type: ignore[attr-defined]
+            segment.close()
+            return None
         _segments[name] = segment
-    if segment.size < ctypes.sizeof(ctype):
+    if segment.size < HEADER + ctypes.sizeof(ctype):
         return None
-    return ctype.from_buffer(segment.buf)
+    return ctype.from_buffer(segment.buf, HEADER)
 
 
 def _attribute(name: str, doc: str) -> property:
@@ -101,22 +126,25 @@ class _Data(Handle):
     _item: Any  # the ctypes type of the value, or of an array's items
     _length: int | None  # an array's length
     _segment: str
+    _tag: bytes  # what the segment starts with
+    _machine: str  # where the segment is (util.machine_identity)
 
     def _setup(self, item: Any, length: int | None, init: Any) -> None:
         self._item, self._length = item, length
         self._ctype = item if length is None else item * length
-        self._local, self._segment = _allocate(self._ctype)
+        self._local, self._segment, self._tag = _allocate(self._ctype)
+        self._machine = machine_identity()
         init(self._local)
         self._create(DataState(self._local))
         weakref.finalize(self, _release_segment, self._oid, self._segment).atexit = False
 
     def _extra(self) -> tuple[Any, ...]:
-        return (self._item, self._length, self._segment)  # array types are made, not pickled
+        return (self._item, self._length, self._segment, self._tag, self._machine)  # types are made, not pickled
 
     def _restore(self, extra: tuple[Any, ...]) -> None:
-        self._item, self._length, self._segment = extra
+        self._item, self._length, self._segment, self._tag, self._machine = extra
         self._ctype = self._item if self._length is None else self._item * self._length
-        self._local = _map(self._segment, self._ctype)
+        self._local = _map(self._segment, self._ctype, self._tag, self._machine)
 
     def _lock_ref(self) -> tuple[Any, ...]:
         return ()
