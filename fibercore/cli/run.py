@@ -110,6 +110,8 @@ def _overrides(args: argparse.Namespace, image: str | None, options: dict[str, A
             out["docker_mount_cwd"] = False
         if args.push and "k8s_image_pull_policy" in options and cfg.origin("k8s_image_pull_policy") == "default":
             out["k8s_image_pull_policy"] = "Always"
+    if "docker_nested" in options and cfg.origin("docker_nested") == "default":
+        out["docker_nested"] = True  # the master's container starts jobs: it gets the Docker socket
     return out
 
 
@@ -131,11 +133,14 @@ def main(args: argparse.Namespace) -> int:
         init(**({"backend": args.backend} if args.backend else {}), **overrides)
         rt = get_runtime()
     cfg = rt.config
+    env = cfg.to_env()
+    if overrides.get("docker_nested"):  # ... its own jobs do not (docker_nested's default)
+        env["FIBER_DOCKER_NESTED"] = "0"
     spec = JobSpec(
         args=program_args,
         python=python or cfg.get("python_exe") or None,
         session=rt.session,
-        env={**cfg.to_env(), "FIBER_BACKEND": rt.backend, "FIBER_SESSION": rt.session, **user_env},
+        env={**env, "FIBER_BACKEND": rt.backend, "FIBER_SESSION": rt.session, **user_env},
         secret_env={"FIBER_SECRET": rt.secret.hex()},
         name="master",
         image=cfg.get("image") or cfg.get("default_image"),

@@ -171,7 +171,7 @@ def build_request(
         environment["FIBERCORE_DOCKER_SECRET_SOURCE"] = secret_source
     else:
         environment.update(spec.secret_env)
-    if docker_socket and cfg.get("docker_nested", True):
+    if docker_socket and cfg.get("docker_nested", False):
         volumes.setdefault(docker_socket, {"bind": docker_socket, "mode": "rw"})
         environment["DOCKER_HOST"] = f"unix://{docker_socket}"
     network = cfg.get("docker_network") or default_network()

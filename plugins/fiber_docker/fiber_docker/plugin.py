@@ -83,9 +83,10 @@ def fiber_config_options() -> list[Any]:
         opt("docker_labels", str, None, "Extra container labels: KEY=VALUE,..."),
         opt("docker_user", str, None, "User (uid[:gid]) the containers run as (default: the image's)."),
         opt("docker_init", bool, True, "Run an init process in each container (forwards SIGTERM, reaps zombies)."),
-        opt("docker_nested", bool, True,
+        opt("docker_nested", bool, False,
             "Mount the Docker socket into jobs so that they can start jobs (nested Process, Pool "
-            "in a Process). It gives jobs control of the Docker host: turn off for untrusted code."),
+            "in a Process). It gives jobs control of the Docker host (root on it): on only for "
+            "trusted code (fiber run gives it to the master's container only)."),
         opt("docker_shm_size", str, None, "Size of /dev/shm in the containers, e.g. 2g (Docker's default is 64m)."),
         opt("docker_host", str, None, "Docker daemon to use (default: DOCKER_HOST or the local socket)."),
     ]

@@ -76,7 +76,7 @@ def test_secret_is_a_mounted_file_not_an_environment_variable() -> None:
 
 def test_volumes_cwd_socket_network_user_and_labels() -> None:
     req = _request(docker_volumes="/data:/data:ro,/scratch:/s", docker_labels="team=rl,exp=7",
-                   docker_user="1000:1000", docker_network="bridge", docker_shm_size="1g")
+                   docker_user="1000:1000", docker_network="bridge", docker_shm_size="1g", docker_nested=True)
     binds = req.host_config["binds"]
     assert binds["/data"] == {"bind": "/data", "mode": "ro"}
     assert binds["/scratch"] == {"bind": "/s", "mode": "rw"}

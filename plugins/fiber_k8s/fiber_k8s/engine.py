@@ -332,13 +332,13 @@ class Engine:
         for pod in pods:
             self._delete(pod.metadata.name, 0)
         pods += [p for p in masters if p.metadata.name not in {q.metadata.name for q in pods}]
-        for secret in self.core.list_namespaced_secret(self.namespace, label_selector=selector).items:
+        for name in self._session_secrets(session, selector):
             try:
-                self.core.delete_namespaced_secret(secret.metadata.name, self.namespace)
+                self.core.delete_namespaced_secret(name, self.namespace)
             except Exception:
                 pass
-            self.owned_secrets.discard(secret.metadata.name)
-            self.known_secrets.discard(secret.metadata.name)
+            self.owned_secrets.discard(name)
+            self.known_secrets.discard(name)
         # Also forget a session Secret the listing no longer showed (deleted by the garbage
         # collector with its owner pod): a later job of the session must create it again.
         from fiber_k8s.manifest import secret_name
@@ -348,6 +348,19 @@ class Engine:
             self.known_secrets -= gone
             self.owned_secrets -= gone
         return len(pods)
+
+    def _session_secrets(self, session: str | None, selector: str) -> list[str]:
+        """Names of the Secrets to delete: listed when this identity may list Secrets, else
+        the session's own by name (the job Role has no "list")."""
+        from fiber_k8s.manifest import secret_name
+
+        try:
+            return [s.metadata.name for s in
+                    self.core.list_namespaced_secret(self.namespace, label_selector=selector).items]
+        except Exception as exc:
+            if getattr(exc, "status", None) != 403:
+                raise
+        return [secret_name(session)] if session else []
 
     # -- operations (the fiber command, from any process) ------------------------------
     def list_jobs(self, session: str | None) -> list[Any]:

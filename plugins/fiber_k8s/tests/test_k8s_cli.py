@@ -94,6 +94,6 @@ def test_doctor_checks_the_cluster(env):
     done = fiber("doctor", "--backend", "kubernetes", env=env)
     assert done.returncode == 0, done.stdout
     assert "ok   Kubernetes API reachable: namespace default" in done.stdout
-    assert "ok   may list pods" in done.stdout and "ok   may list secrets" in done.stdout
+    assert "ok   may list pods" in done.stdout and "ok   may read the session's secret" in done.stdout
     unreachable = fiber("doctor", "--backend", "kubernetes", env={**env, "FIBER_K8S_KUBECONFIG": "/nonexistent"})
     assert unreachable.returncode == 1 and "fix: set k8s_kubeconfig" in unreachable.stdout

@@ -11,6 +11,7 @@ import os
 import re
 import secrets
 import shlex
+import stat
 import subprocess
 import threading
 import time
@@ -21,6 +22,30 @@ from fibercore.errors import ProcessError
 
 ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING", "SIGNALING",
           "STAGE_OUT", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "STOPPED"}
+
+
+def private_spool(configured: str | None) -> str:
+    """The directory job output and secret files go to, readable by this user only.
+
+    ``slurm_spool_dir`` itself when it is this user's and closed to others (made 0700 if
+    missing); inside a shared one (mode 0777, /scratch...), a private ``fibercore-<uid>``
+    directory, which must then be this user's and 0700.
+    """
+    spool = os.path.abspath(os.path.expanduser(configured or "~/.fibercore/slurm"))
+    os.makedirs(spool, mode=0o700, exist_ok=True)
+    st = os.stat(spool)
+    if st.st_uid == os.geteuid() and not st.st_mode & 0o077:
+        return spool
+    private = os.path.join(spool, f"fibercore-{os.geteuid()}")
+    try:
+        os.mkdir(private, 0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(private)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        raise SlurmError(f"{private} (inside the shared slurm_spool_dir {spool}) is not a directory of yours "
+                         f"with mode 0700: remove it, or set slurm_spool_dir to a private directory every node mounts")
+    return private
 
 
 class SlurmError(ProcessError):
@@ -77,8 +102,7 @@ class Engine:
         self.lock = threading.Lock()
         self.wake = threading.Event()
         self.closing = False
-        self.spool = os.path.abspath(os.path.expanduser(cfg.get("slurm_spool_dir") or "~/.fibercore/slurm"))
-        os.makedirs(self.spool, mode=0o700, exist_ok=True)
+        self.spool = private_spool(cfg.get("slurm_spool_dir"))
         self.secret_files: dict[str, str] = {}
         threading.Thread(target=self._poll, name="fiber-slurm-poll", daemon=True).start()
 

@@ -179,7 +179,7 @@ def fiber_follow_logs(job: Any, config: Any) -> Any:
 
 @hookimpl
 def fiber_doctor(config: Any) -> list[Any]:
-    from fiber_slurm.engine import SlurmError, run
+    from fiber_slurm.engine import SlurmError, private_spool, run
     from fibercore.types import Check
 
     checks = []
@@ -202,11 +202,11 @@ def fiber_doctor(config: Any) -> list[Any]:
     except SlurmError as exc:
         checks.append(Check(NAME, "slurmctld answers and a partition is up", False, str(exc),
                             "check SLURM_CONF and that slurmctld runs (scontrol ping)"))
-    spool = os.path.abspath(os.path.expanduser(config.get("slurm_spool_dir") or "~/.fibercore/slurm"))
+    spool = config.get("slurm_spool_dir") or "~/.fibercore/slurm"
     try:
-        os.makedirs(spool, mode=0o700, exist_ok=True)
+        spool = private_spool(spool)
         ok = os.access(spool, os.W_OK)
-    except OSError:
+    except (OSError, SlurmError):
         ok = False
     checks.append(Check(NAME, "spool directory writable", ok, spool,
                         "set slurm_spool_dir to a directory on a file system every node mounts"))

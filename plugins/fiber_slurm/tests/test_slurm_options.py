@@ -55,3 +55,21 @@ def test_slurm_applies_the_resources_and_options(slurm_config: dict[str, Any]) -
             child.kill()
             child.join(30)
         fc.init()
+
+
+def test_a_spool_others_can_read_gets_a_private_directory_inside(tmp_path):
+    """Job output and secret files never go where other users can list or read them."""
+    import os
+
+    from fiber_slurm.engine import SlurmError, private_spool
+
+    mine = tmp_path / "mine"
+    assert private_spool(str(mine)) == str(mine) and (mine.stat().st_mode & 0o777) == 0o700
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    inside = private_spool(str(shared))
+    assert inside == str(shared / f"fibercore-{os.geteuid()}") and (os.stat(inside).st_mode & 0o777) == 0o700
+    os.chmod(inside, 0o755)  # someone opened it: refused, with the fix
+    with pytest.raises(SlurmError, match="mode 0700"):
+        private_spool(str(shared))
