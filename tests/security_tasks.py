@@ -42,3 +42,29 @@ def produce(q: Any, stop_file: str) -> None:
 def consume(q: Any, out: Any) -> None:
     for _ in range(ITEMS):
         out.put(q.get(timeout=120))
+
+
+def read_array_then_stop(big: Any) -> None:
+    """Ask for a large shared Array four times at once, then stop (SIGSTOP, as a Slurm
+    suspend or docker pause would) before reading the answers (64 MB each)."""
+    import signal
+    import threading
+
+    for _ in range(4):
+        threading.Thread(target=lambda: big[:], daemon=True).start()
+    time.sleep(0.1)
+    os.kill(os.getpid(), signal.SIGSTOP)
+    time.sleep(3600)
+
+
+def timed_acquire(lock: Any, counter: Any, timeout: float, out: Any) -> None:
+    t0 = time.monotonic()
+    ok = lock.acquire(timeout=timeout)
+    took = time.monotonic() - t0
+    counter.value += 1
+    out.put((took, ok, counter.value))
+
+
+def read_and_write_array(arr: Any, out: Any) -> None:
+    out.put(list(arr))
+    arr[3] = 99

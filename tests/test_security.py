@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import signal
 import socket
 import struct
 import subprocess
@@ -21,6 +22,7 @@ import textwrap
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -527,3 +529,630 @@ def test_unix_names_are_random_and_carried_in_the_address():
     host, port = tcp_target(hub.address)
     assert f"{host}:{port}" not in bound  # nothing derived from host:port any more
     hub.close()
+
+
+# -- a second local user, made by the test: wire v4's attacks ---------------------------------
+# Each attack runs as an account the test creates (and removes) in a child forked from
+# this process that has dropped to that account (tests/attacker.py); the master is this
+# test process (root) and its jobs.
+
+
+@pytest.fixture(scope="module")
+def local_user():
+    import shutil
+
+    from tests.attacker import LocalUser
+
+    if os.geteuid() != 0 or not shutil.which("useradd"):
+        pytest.skip("creating a second local user needs root and useradd")
+    user = LocalUser()
+    yield user
+    user.remove()
+
+
+@pytest.fixture(scope="module")
+def session_listeners():
+    """One live listener of each service kind, with its address (and key)."""
+    from fibercore import admin
+    from fibercore.sync.handles import service
+
+    q = mp.Queue()
+    pool = mp.Pool(1)
+    manager = mp.Manager()
+    lock = mp.Lock()
+    shared = manager.dict()
+    listeners = {
+        "queue": (q._address, None), "pool": (pool._core.address, None),
+        "admin": (admin.get_hub().address, None), "sync": (service().address, None),
+        "manager": (manager._address, manager._authkey),
+    }
+    yield listeners, (q, pool, lock, shared)
+    pool.terminate()
+    manager.shutdown()
+
+
+def _abstract_names() -> list[str]:
+    """fibercore's abstract Unix socket names on this machine (/proc/net/unix is world-readable)."""
+    names = []
+    for line in Path("/proc/net/unix").read_text().splitlines()[1:]:
+        fields = line.split()
+        if len(fields) >= 8 and fields[7].startswith("@fibercore"):
+            names.append("\0" + fields[7][1:])
+    return sorted(set(names))
+
+
+def attack_squat_and_relay(squatted: str, seconds: float) -> dict:
+    """Hold ``squatted``; relay every connection it gets to each live fibercore Unix name;
+    report what the victim sent and what the session's listeners answered."""
+    squat = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    squat.bind(squatted)
+    squat.listen(16)
+    squat.settimeout(0.1)
+    got = {"victim_connections": 0, "victim_bytes": 0, "listener_bytes": {}, "listener_refused": 0}
+    for name in _abstract_names():
+        if name == squatted:
+            continue
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(2)
+        try:
+            s.connect(name)
+            data = b""
+            try:
+                while chunk := s.recv(4096):
+                    data += chunk
+            except OSError:
+                pass
+            got["listener_bytes"][name[1:]] = len(data)  # a HELLO would be 60 bytes
+            got["listener_refused"] += not data
+        except OSError:
+            got["listener_refused"] += 1
+        finally:
+            s.close()
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        try:
+            victim, _ = squat.accept()
+        except OSError:
+            continue
+        got["victim_connections"] += 1
+        victim.settimeout(1)
+        try:
+            while chunk := victim.recv(4096):
+                got["victim_bytes"] += len(chunk)
+        except OSError:
+            pass
+        victim.close()
+    return got
+
+
+def attack_hold_unheard(name: str, seconds: float, accept: bool) -> dict:
+    """Squat ``name`` and never answer: a full backlog that never accepts, or accept and silence."""
+    squat = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    squat.bind(name)
+    squat.listen(0)
+    fillers = []
+    if not accept:  # fill the backlog: the next connect() would block
+        for _ in range(3):
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.setblocking(False)
+            try:
+                s.connect(name)
+            except OSError:
+                pass
+            fillers.append(s)
+    held = []
+    end = time.monotonic() + seconds
+    squat.settimeout(0.1)
+    while time.monotonic() < end:
+        if accept:
+            try:
+                held.append(squat.accept()[0])
+            except OSError:
+                pass
+        else:
+            time.sleep(0.1)
+    return {"held": len(held)}
+
+
+def _wait_for_name(name: str, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while name not in _abstract_names():
+        assert time.monotonic() < deadline, "the attacker never bound its name"
+        time.sleep(0.02)
+
+
+def test_squat_and_relay_to_every_listener_kind_unpickles_nothing(local_user, session_listeners, tmp_path):
+    """The attacker holds the Unix name an address points at (a listener gone, its address
+    still in use) and relays it to each other listener of the session: the dialer sees
+    another user's socket and never speaks to it; the listeners refuse the attacker's uid
+    before any HELLO; over TCP the listener reached is not the one named: refused."""
+    from fibercore.builtins import tcp_transport
+    from fibercore.errors import AuthenticationError
+    from fibercore.util import machine_identity
+
+    listeners, (q, pool, lock, shared) = session_listeners
+    rt = mp.get_runtime()
+    gone = os.urandom(16)
+    squatted = tcp_transport._local_name(gone)
+    child = local_user.spawn(attack_squat_and_relay, squatted, 8.0)
+    _wait_for_name(squatted)
+    for service, (address, key) in listeners.items():
+        host, port = tcp_target(address)
+        stale = f"tcp://{host}:{port}/{machine_identity()}#{gone.hex()}"
+        started = time.monotonic()
+        with pytest.raises(AuthenticationError, match="another listener than the address names"):
+            rt.dial("router", stale, key, service=service)
+        assert time.monotonic() - started < 1.0, service
+    got = local_user.result(child)
+    assert got["victim_connections"] == len(listeners)  # the dialers tried the name ...
+    assert got["victim_bytes"] == 0  # ... and sent nothing into another user's socket
+    assert got["listener_bytes"] and not any(got["listener_bytes"].values())  # no HELLO for the attacker
+    # everything still works, and nothing was unpickled
+    q.put("after")
+    assert q.get(timeout=10) == "after"
+    assert pool.apply(abs, (-3,)) == 3
+    assert lock.acquire(timeout=5)
+    lock.release()
+    shared["k"] = 1
+    assert shared["k"] == 1
+
+
+def test_a_listener_whose_name_was_taken_draws_another(local_user, monkeypatch):
+    """A name someone holds before the listener binds it (which needs the 16 random bytes in
+    advance) makes the listener pick another identity: never TCP-only in silence."""
+    from fibercore.builtins import tcp_transport
+    from fibercore.runtime import split_identity
+    from fibercore.wire.handshake import Authenticator
+
+    taken = os.urandom(16)
+    squatted = tcp_transport._local_name(taken)
+    child = local_user.spawn(attack_squat_and_relay, squatted, 3.0)
+    _wait_for_name(squatted)
+    original = Authenticator.__init__
+
+    def first_identity_taken(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        self.identity = taken
+
+    monkeypatch.setattr(Authenticator, "__init__", first_identity_taken)
+    rt = mp.get_runtime()
+    hub = rt.listen("router", service="queue")
+    monkeypatch.setattr(Authenticator, "__init__", original)
+    _, identity = split_identity(hub.address)
+    assert identity != taken
+    spoke = rt.dial("router", hub.address, service="queue")
+    assert spoke.endpoint._conn.sock.family == socket.AF_UNIX  # the fast path, on its new name
+    spoke.send([(1, [b"here"])])
+    assert hub.recv(timeout=10)[0] == [(1, [b"here"])]
+    assert local_user.result(child)["victim_connections"] == 0
+    spoke.close()
+    hub.close()
+
+
+@pytest.mark.parametrize("accept", [False, True], ids=["hang", "silence"])
+def test_squat_and_hang_or_silence_costs_a_dial_under_a_second(local_user, session_listeners, accept):
+    """A squatter that never accepts (full backlog) or accepts and stays silent: the dial
+    does not wait on it (another user's socket is refused at once, a connect is bounded)."""
+    from fibercore.builtins import tcp_transport
+    from fibercore.errors import AuthenticationError
+    from fibercore.util import machine_identity
+
+    listeners, _ = session_listeners
+    gone = os.urandom(16)
+    name = tcp_transport._local_name(gone)
+    child = local_user.spawn(attack_hold_unheard, name, 6.0, accept)
+    _wait_for_name(name)
+    host, port = tcp_target(listeners["queue"][0])
+    started = time.monotonic()
+    with pytest.raises(AuthenticationError):
+        mp.get_runtime().dial("router", f"tcp://{host}:{port}/{machine_identity()}#{gone.hex()}", service="queue")
+    limit = 1.0 if accept else tcp_transport.LOCAL_DEADLINE + 1.0
+    assert time.monotonic() - started < limit
+    local_user.result(child)
+
+
+def attack_capture_manager_proof(names: list[str], seconds: float) -> dict:
+    """Squat names a manager's fixed address could be reached by (the old host:port name)
+    and answer any dialer with a chosen nonce; report any proof received."""
+    socks = []
+    for name in names:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.bind(name)
+            s.listen(8)
+            s.settimeout(0.05)
+            socks.append(s)
+        except OSError:
+            s.close()
+    proofs = 0
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        for s in socks:
+            try:
+                c, _ = s.accept()
+            except OSError:
+                continue
+            c.sendall(_record(MAGIC + b"\x01" * 32 + b"\x02" * 16))
+            c.settimeout(1)
+            try:
+                proofs += bool(c.recv(4096))
+            except OSError:
+                pass
+            c.close()
+    return {"squatted": len(socks), "proofs": proofs}
+
+
+def test_proof_capture_on_a_manager_at_a_fixed_address_gets_nothing(local_user, tmp_path):
+    """A manager on a fixed port, reached by (host, port): the old derived Unix name is held
+    by the attacker with a chosen nonce ready, but no dialer ever asks for it."""
+    import fibercore.managers as fm
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    key = os.urandom(32)
+    names = [f"\0fibercore:127.0.0.1:{port}", f"\0fibercore:localhost:{port}"]
+    child = local_user.spawn(attack_capture_manager_proof, names, 4.0)
+    _wait_for_name(names[0])
+
+    class Mgr(fm.BaseManager):
+        pass
+
+    Mgr.register("get_dict", dict)
+    server = Mgr(address=("127.0.0.1", port), authkey=key)
+    server.start()
+    try:
+        client = Mgr(address=("127.0.0.1", port), authkey=key)
+        client.connect()
+        d = client.get_dict()
+        d.update(x=1)
+        assert d.get("x") == 1
+    finally:
+        server.shutdown()
+    assert local_user.result(child) == {"squatted": 2, "proofs": 0}
+
+
+def test_manager_authkeys_too_short_warn_and_empty_is_refused():
+    from fibercore.managers import checked_authkey
+
+    with pytest.warns(mp.WeakAuthkeyWarning, match="guessed offline"):
+        checked_authkey(b"fox-warns-once")
+    with pytest.raises(ValueError, match="os.urandom"):
+        checked_authkey(b"")
+    assert checked_authkey(None) is None
+
+
+def attack_churn(seconds: float) -> dict:
+    """Hold and churn unauthenticated connections to every fibercore listener found: every
+    loopback TCP port in LISTEN and every fibercore Unix name, again and again."""
+    held: list[socket.socket] = []
+    attempts = unix_refused = 0
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        ports = []
+        for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[1].startswith("0100007F") and fields[7] == "0":
+                port = int(fields[1].split(":")[1], 16)
+                if port >= 32768:
+                    ports.append(port)
+        for port in ports:
+            for _ in range(40):
+                attempts += 1
+                try:
+                    s = socket.create_connection(("127.0.0.1", port), timeout=0.2)
+                    held.append(s)
+                except OSError:
+                    break
+        for name in _abstract_names():
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.settimeout(0.5)
+            try:
+                s.connect(name)
+                unix_refused += not s.recv(64)
+            except OSError:
+                unix_refused += 1
+            s.close()
+        while len(held) > 600:  # churn: the oldest go, new ones come
+            held.pop(0).close()
+        time.sleep(0.05)
+    return {"attempts": attempts, "unix_refused": unix_refused}
+
+
+@pytest.mark.timeout(300)
+def test_churn_during_pool_starts_evicts_no_worker(local_user):
+    from tests.security_tasks import square
+
+    child = local_user.spawn(attack_churn, 15.0)
+    time.sleep(1.0)
+    starts = []
+    for _ in range(3):
+        t0 = time.monotonic()
+        with mp.Pool(8) as p:
+            assert p.map(square, range(64)) == [x * x for x in range(64)]
+            starts.append(time.monotonic() - t0)
+    got = local_user.result(child, timeout=120)
+    assert got["attempts"] > 100 and got["unix_refused"] > 0
+    assert max(starts) < 60
+
+
+def test_sigstop_of_a_sync_reader_stalls_no_other_call(tmp_path):
+    """A job stopped (SIGSTOP: Slurm suspend, docker pause) while the service answers its
+    reads of a large Array: another job's acquire(timeout=2) still returns at 2 s, and
+    other calls to the same service still answer."""
+    from tests import security_tasks as T
+
+    with _remote_handles():
+        big = mp.Array("d", 8_000_000, lock=False)  # 64 MB: each read fills the reader's socket
+        lock, counter = mp.Lock(), mp.Value("i", 0)
+        reader = mp.Process(target=T.read_array_then_stop, args=(big,))
+        reader.start()
+        deadline = time.monotonic() + 60
+        while Path(f"/proc/{reader.pid}/stat").read_text().split(")")[1].split()[0] != "T":
+            assert time.monotonic() < deadline, "the reader never stopped"
+            time.sleep(0.05)
+        try:
+            time.sleep(1.0)  # its answers are on their way into a connection nobody reads
+            lock.acquire()
+            out = mp.Queue()
+            waiter = mp.Process(target=T.timed_acquire, args=(lock, counter, 2.0, out))
+            waiter.start()
+            took, ok, value = out.get(timeout=60)
+            lock.release()
+            waiter.join(30)
+        finally:
+            os.kill(reader.pid, signal.SIGCONT)
+            reader.kill()
+            reader.join(30)
+    assert ok is False and 1.9 < took < 3.0, took
+    assert value == 1  # a Value increment through the same service, answered
+
+
+class _remote_handles:
+    """Make this process's sync objects reachable only through the service (jobs map
+    segments; the reader's big Array must be read over the socket)."""
+
+    def __enter__(self):
+        from fibercore.sync import shared
+
+        self._saved = shared.machine_identity
+        shared.machine_identity = lambda: "elsewhere"
+        return self
+
+    def __exit__(self, *exc):
+        from fibercore.sync import shared
+
+        shared.machine_identity = self._saved
+
+
+def attack_plant_segment(name: str, size: int) -> dict:
+    fd = os.open(f"/dev/shm/{name}", os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o666)
+    os.fchmod(fd, 0o666)
+    os.write(fd, b"\x7f" * size)
+    os.close(fd)
+    return {"planted": name}
+
+
+def test_a_planted_segment_is_not_mapped(local_user):
+    """A segment planted under a handle's segment name (the job's machine has no such
+    segment: here, the real one is unlinked) is refused: reads come from the creator,
+    writes reach it."""
+    from tests import security_tasks as T
+
+    arr = mp.RawArray("i", [1, 2, 3, 4])
+    name = arr._segment.lstrip("/")
+    os.unlink(f"/dev/shm/{name}")  # the master still maps it; the name is free on "this machine"
+    local_user.run(attack_plant_segment, name, 4096)
+    try:
+        assert os.stat(f"/dev/shm/{name}").st_uid == local_user.uid
+        out = mp.Queue()
+        p = mp.Process(target=T.read_and_write_array, args=(arr, out))
+        p.start()
+        assert out.get(timeout=60) == [1, 2, 3, 4]  # not the planted 0x7f7f7f7f
+        p.join(30)
+        assert list(arr) == [1, 2, 3, 99]  # its write reached the creator
+    finally:
+        os.unlink(f"/dev/shm/{name}")
+
+
+# -- TLS: an on-path relay holding a certificate of the same CA ---------------------------------
+
+
+def _node_cert(tmp_path: Path, ca: tuple[Any, Any], name: str, ip: str | None) -> str:
+    """A certificate the test CA signed for ``name`` (and ``ip``), key included."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    ca_cert, ca_key = ca
+    now = datetime.datetime.now(datetime.timezone.utc)
+    key = ec.generate_private_key(ec.SECP256R1())
+    names: list[Any] = [x509.DNSName(name)] + ([x509.IPAddress(ipaddress.ip_address(ip))] if ip else [])
+    cert = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+            .issuer_name(ca_cert.subject).public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(days=1)).not_valid_after(now + datetime.timedelta(days=2))
+            .add_extension(x509.SubjectAlternativeName(names), critical=False).sign(ca_key, hashes.SHA256()))
+    path = tmp_path / f"{name}.pem"
+    path.write_bytes(cert.public_bytes(serialization.Encoding.PEM) + key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    return str(path)
+
+
+def _test_ca(tmp_path: Path) -> tuple[str, tuple[Any, Any]]:
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "fibercore relay-test CA")])
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(days=1))
+            .not_valid_after(now + datetime.timedelta(days=2))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True).sign(key, hashes.SHA256()))
+    path = tmp_path / "ca.pem"
+    path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    return str(path), (cert, key)
+
+
+class TlsRelay:
+    """Terminates TLS with its own certificate (the same CA's) on both sides, forwards every
+    byte, and keeps what it saw in clear."""
+
+    def __init__(self, target: tuple[str, int], ca_file: str, cert_file: str) -> None:
+        import ssl
+
+        self.target = target
+        self.server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self.server.load_cert_chain(cert_file)
+        self.server.load_verify_locations(ca_file)
+        self.server.verify_mode = ssl.CERT_REQUIRED
+        self.client = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        self.client.load_cert_chain(cert_file)
+        self.client.load_verify_locations(ca_file)
+        self.client.check_hostname = False
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.seen = bytearray()
+        self.handshakes = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                raw, _ = self.listener.accept()
+            except OSError:
+                return
+            try:
+                victim = self.server.wrap_socket(raw, server_side=True)
+                upstream = self.client.wrap_socket(socket.create_connection(self.target))
+            except OSError:
+                raw.close()
+                continue
+            self.handshakes += 1
+            threading.Thread(target=self._pump, args=(victim, upstream), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, victim), daemon=True).start()
+
+    def _pump(self, src: Any, dst: Any) -> None:
+        try:
+            while data := src.recv(65536):
+                self.seen += data
+                dst.sendall(data)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+@pytest.fixture
+def tls_session(tmp_path):
+    ca_file, ca = _test_ca(tmp_path)
+    node = _node_cert(tmp_path, ca, "localhost", "127.0.0.1")
+    mp.init(tls=True, tls_cert_file=node, tls_ca_file=ca_file, start_timeout=30)
+    yield tmp_path, ca_file, ca
+    mp.init()
+
+
+def test_a_tls_relay_with_another_certificate_of_the_ca_reads_nothing(tls_session):
+    """A relay with a certificate of the same CA for another name is refused (host name
+    checked by default); one holding a stolen node certificate valid for the address gets
+    through TLS, but the frames are encrypted: the payload never appears in what it saw."""
+    from fibercore.errors import AuthenticationError
+    from fibercore.runtime import split_identity
+
+    tmp_path, ca_file, ca = tls_session
+    rt = mp.get_runtime()
+    q = mp.Queue()
+    q.put("warm")
+    assert q.get(timeout=30) == "warm"
+    target, identity = split_identity(q._address)
+    assert target.startswith("tls+tcp://")
+    other = TlsRelay(tcp_target(q._address), ca_file, _node_cert(tmp_path, ca, "evil.example", None))
+    with pytest.raises(AuthenticationError, match="not valid for '127.0.0.1'"):
+        rt.dial("router", f"tls+tcp://127.0.0.1:{other.port}#{identity.hex()}", service="queue")
+    stolen = TlsRelay(tcp_target(q._address), ca_file, _node_cert(tmp_path, ca, "node-7", "127.0.0.1"))
+    channel = rt.dial("router", f"tls+tcp://127.0.0.1:{stolen.port}#{identity.hex()}", service="queue")
+    canary = "CANARY-" + os.urandom(8).hex()
+    channel.send([(queues.PUT, rt.serializer.dumps(canary))])
+    assert q.get(timeout=30) == canary
+    assert stolen.handshakes == 1 and len(stolen.seen) > 100
+    assert canary.encode() not in stolen.seen and b"CANARY" not in stolen.seen
+    channel.close()
+    other.close()
+    stolen.close()
+
+
+def test_tls_needs_a_ca_and_a_tls_dialer_refuses_plain_tcp(tmp_path):
+    from fibercore.builtins.tcp_transport import TcpTransport
+    from fibercore.errors import ConfigError, TransportError
+
+    with pytest.raises(ConfigError, match="tls_ca_file"):
+        TcpTransport({"cert": "x.pem", "ca": None})
+    ca_file, ca = _test_ca(tmp_path)
+    tls = TcpTransport({"cert": _node_cert(tmp_path, ca, "localhost", "127.0.0.1"), "ca": ca_file})
+    with pytest.raises(TransportError, match="never dials without TLS"):
+        tls.dial("router", "tcp://127.0.0.1:9", auth=Authenticator(os.urandom(32), "router"))
+
+
+# -- a planted .fiberconfig; the secret under `fiber run` -----------------------------------------
+
+
+def attack_plant_config(directory: str, canary: str) -> dict:
+    evil = Path(directory) / "evil.sh"
+    evil.write_text(f"#!/bin/sh\ntouch {canary}\nexec python3 \"$@\"\n")
+    evil.chmod(0o755)
+    (Path(directory) / ".fiberconfig").write_text(f"[default]\npython_exe = {evil}\n")
+    return {"planted": str(evil)}
+
+
+def test_a_planted_fiberconfig_is_refused(local_user, tmp_path):
+    """Another user writes .fiberconfig (python_exe = their script) into a shared directory
+    where the victim runs a program: refused with the path and the fix; nothing of theirs runs."""
+    import shutil
+    import tempfile
+
+    shared = Path(tempfile.mkdtemp(prefix="fibercore-shared-"))  # under /tmp: the attacker reaches it
+    shared.chmod(0o1777)
+    canary = str(shared / "ran-as-victim")
+    local_user.run(attack_plant_config, str(shared), canary)
+    request = shared / "prog.py"
+    request.write_text(
+        "import fibercore as mp\nif __name__ == '__main__':\n"
+        "    p = mp.Process(target=print, args=('job',)); p.start(); p.join()\n")
+    try:
+        done = subprocess.run([sys.executable, "prog.py"], cwd=shared, capture_output=True, text=True, timeout=120,
+                              env={k: v for k, v in os.environ.items() if not k.startswith("FIBER_")})
+        assert done.returncode != 0
+        err = done.stderr.strip().splitlines()
+        assert len(err) == 1 and ".fiberconfig belongs to another user" in err[0] and "chown" in err[0], done.stderr
+        assert not os.path.exists(canary)
+    finally:
+        shutil.rmtree(shared)
+
+
+def test_os_system_under_fiber_run_inherits_no_secret(tmp_path):
+    """A program started by `fiber run` runs a shell command right after `import fibercore`:
+    the shell sees neither the secret's descriptor nor any FIBER_SECRET variable."""
+    from fibercore.testing.cli import fiber
+
+    (tmp_path / "prog.py").write_text(textwrap.dedent('''
+        import os
+        fd = os.environ.get("FIBER_SECRET_FD")
+        import fibercore
+        open("fd.txt", "w").write(fd or "none")
+        os.system("sh -c 'for f in /proc/$$/fd/*; do basename $f; done > fds.txt; env > env.txt'")
+    '''))
+    done = fiber("run", "--", "python", "prog.py", cwd=tmp_path, env={"FIBER_BACKEND": "local"})
+    assert done.returncode == 0, done.stderr
+    fd = (tmp_path / "fd.txt").read_text()
+    assert fd.isdigit()  # the master job got its secret this way ...
+    assert fd not in (tmp_path / "fds.txt").read_text().split()  # ... and its shell did not
+    assert "FIBER_SECRET" not in (tmp_path / "env.txt").read_text()
