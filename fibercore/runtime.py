@@ -84,6 +84,7 @@ class Runtime:
             self._limits = Limits(
                 handshake_timeout=float(self.config.get("handshake_timeout")),
                 max_pending=int(self.config.get("max_pending_connections")),
+                max_pending_per_peer=int(self.config.get("max_pending_per_peer")),
                 max_peers=int(self.config.get("max_connections")),
                 max_frame=int(self.config.get("max_frame_size")),
             )

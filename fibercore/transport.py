@@ -19,16 +19,24 @@ peer. The peer handle given to ``recv``, ``send_parts`` and peer callbacks is th
 :class:`~fibercore.wire.handshake.Session`. Before then it accepts frames of at most
 ``MAX_HANDSHAKE_FRAME`` bytes and closes the connection after
 ``auth.limits.handshake_timeout`` seconds; it keeps at most
-``auth.limits.max_pending`` such connections per listener and
-``auth.limits.max_peers`` peers. ``dial`` returns only after the handshake
-succeeded (``endpoint.peer`` is the session) and raises
+``auth.limits.max_pending`` such connections per listener
+(``auth.limits.max_pending_per_peer`` per peer identity, refusing newcomers rather than
+closing a handshake in progress) and ``auth.limits.max_peers`` peers. ``dial`` returns
+only after the handshake succeeded (``endpoint.peer`` is the session) and raises
 ``fibercore.errors.AuthenticationError`` when the other side refused it.
+
+Listener identity (wire v4): the core draws ``auth.identity`` for each listener and
+appends it to the endpoint's address (``<address>#<hex>``); ``dial`` gets the address
+without it and ``auth.expect`` set. A transport never needs to parse it, but may name
+per-listener resources after it (the built-in one names its Unix socket so); if such a
+name is taken it calls ``auth.new_identity()`` before it returns the endpoint.
 
 The core seals and opens frames with the session's keys, so a transport that skips
 the handshake delivers nothing the core accepts: it cannot weaken authentication.
 A transport may pass ``private=True`` to ``auth.listener``/``auth.dialer`` for a
-connection no third process can write into (a Unix-domain stream); both ends'
-views enter the proofs, and frames on such a connection carry no MAC.
+connection no third process can write into (a Unix-domain stream whose peer's user it
+checked); both ends' views enter the proofs, and frames on such a connection are counted
+but carry no MAC. Frames on any other connection are encrypted by the core.
 """
 
 from __future__ import annotations

@@ -10,8 +10,13 @@ bytes that actually arrived, never with a claimed length. Before its connection 
 authenticated (:mod:`fibercore.wire.handshake`) a peer may send only records of
 ``MAX_HANDSHAKE_FRAME`` bytes; a connection that has not authenticated within
 ``Limits.handshake_timeout`` is closed; each listener holds at most
-``Limits.max_pending`` unauthenticated connections (the oldest is closed to make
-room) and ``Limits.max_peers`` authenticated ones.
+``Limits.max_pending`` unauthenticated connections, ``Limits.max_pending_per_peer`` of
+them from one uid (Unix) or address (TCP), refusing newcomers rather than closing a
+handshake in progress, and ``Limits.max_peers`` authenticated ones.
+
+Addresses are ``tcp://host:port[/machine]`` (``tls+tcp://`` with TLS); ``machine`` says
+the listener also answers on a Unix socket named after its identity, on the machine
+(and network namespace) with that :func:`~fibercore.util.machine_identity`.
 
 Threads: one reactor thread per process accepts and authenticates the connections
 of every listening endpoint. An authenticated connection is then read by the thread
