@@ -116,6 +116,22 @@ def test_large_frame_round_trip_streams_the_tag():
     np.testing.assert_array_equal(np.frombuffer(parts[1], dtype=np.float64), payload)
 
 
+@settings(deadline=None)
+@given(st.sampled_from([100, 70_000, 300_000]), st.integers(min_value=0))
+def test_network_frames_are_encrypted_and_any_flip_in_a_big_one_is_detected(size, pos):
+    """The payload never appears in a sealed frame (small frames and streamed big ones), and
+    what comes out is writable; a flipped bit anywhere fails."""
+    payload = (b"SECRET-PAYLOAD-" * (size // 15 + 1))[:size]
+    frame = seal(KEY, [(1, [b"head", payload])])
+    assert b"SECRET-PAYLOAD" not in frame
+    [(op, parts)] = unseal(KEY, frame)
+    assert bytes(parts[1]) == payload and not parts[1].readonly
+    broken = bytearray(frame)
+    broken[pos % len(broken)] ^= 0x80
+    with pytest.raises(BadFrame):
+        unseal(KEY, bytes(broken))
+
+
 def test_wrong_key_is_rejected():
     frame = seal(KEY, [(1, [b"x"])])
     with pytest.raises(BadFrame):
