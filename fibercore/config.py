@@ -87,7 +87,7 @@ CORE_OPTIONS: tuple[Option, ...] = (
     Option("tls_server_name", str, None, "Name every listener's certificate must carry (default: the host of the address dialled)."),
     Option("handshake_timeout", float, 10.0, "Seconds a new connection has to authenticate before it is closed."),
     Option("max_pending_connections", int, 64, "Unauthenticated connections an endpoint holds (more are refused; diallers retry)."),
-    Option("max_pending_per_peer", int, 16, "Unauthenticated connections one peer (a uid on Unix, an address on TCP) may hold on an endpoint."),
+    Option("max_pending_per_peer", int, 32, "Unauthenticated connections one peer (a uid on Unix, an address on TCP) may hold on an endpoint."),
     Option("max_connections", int, 4096, "Authenticated connections an endpoint accepts."),
     Option("max_frame_size", int, 1 << 30, "Largest frame (bytes) an authenticated peer may send; bigger objects fail with a clear error."),
     Option("spin_wait", float, 200.0, "Microseconds a waiting read polls before it sleeps (0: never poll); saves an idle CPU's wake-up per reply."),

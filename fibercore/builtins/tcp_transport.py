@@ -33,6 +33,7 @@ from __future__ import annotations
 import collections
 import errno
 import os
+import random
 import select
 import selectors
 import socket
@@ -961,9 +962,10 @@ def _peer_uid(sock: socket.socket) -> int:
 
 #: Seconds a dialer gives the same-machine Unix path (connect and handshake) before TCP.
 LOCAL_DEADLINE = 2.0
-#: A dialer whose connection is closed before the listener's HELLO (it was refused for room,
-#: or the listener is restarting) tries again after these pauses.
-DIAL_RETRIES = (0.05, 0.2, 0.5, 1.0)
+#: A dialer whose connection is closed before the listener's HELLO (refused for room: many
+#: jobs of one node connecting at once, or a flood) tries again after these pauses (each
+#: scaled by a random 0.5-1.5, so a crowd does not come back at one instant).
+DIAL_RETRIES = (0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 3.2)
 
 
 def _dial_local(address: str, auth: Authenticator, spin: float) -> TcpDialer | None:
@@ -983,7 +985,7 @@ def _dial_local(address: str, auth: Authenticator, spin: float) -> TcpDialer | N
         return None
     try:
         return _handshake(sock, address, auth, spin, timeout=LOCAL_DEADLINE)
-    except (TransportError, AuthenticationError):
+    except (TransportError, AuthenticationError, _Refused):
         return None
 
 
@@ -1007,7 +1009,7 @@ def _dial(address: str, auth: Authenticator, tls: ssl.SSLContext | None, server_
             if pause is None:
                 raise TransportError(f"{address} refused the connection before authenticating ({exc}), "
                                      f"{len(DIAL_RETRIES) + 1} times: the listener is overloaded or closing") from None
-            time.sleep(pause)
+            time.sleep(pause * (0.5 + random.random()))
     raise AssertionError("unreachable")  # pragma: no cover
 
 

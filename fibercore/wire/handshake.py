@@ -71,7 +71,7 @@ class Limits:
     max_pending: int = 64
     #: Unauthenticated connections one peer identity (a uid on Unix sockets, an address on
     #: TCP) may hold on one listener; more are refused, so one peer cannot starve the others.
-    max_pending_per_peer: int = 16
+    max_pending_per_peer: int = 32
     #: Authenticated connections per listening endpoint.
     max_peers: int = 4096
     #: Largest frame an authenticated peer may send (bigger ones arrive as several records).
