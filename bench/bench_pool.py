@@ -202,7 +202,7 @@ def harness_clients(address: str, wids: list[int]) -> None:
     ser = rt.serializer
 
     def client(wid: int) -> None:
-        ch = rt.dial("router", address)
+        ch = rt.dial("router", address, service="pool")
         ch.send([(P.READY, [str(wid).encode(), str(os.getpid()).encode()])])
         while True:
             try:
