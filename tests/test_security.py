@@ -483,7 +483,7 @@ def test_a_handshake_relayed_to_another_listener_fails_before_any_proof(monkeypa
     from fibercore.runtime import split_identity
 
     reasons: list[str] = []
-    monkeypatch.setattr(tcp_transport, "reject", lambda where, peer, reason, *a: reasons.append(reason))
+    monkeypatch.setattr(tcp_transport, "reject", lambda where, peer, reason, *a, **k: reasons.append(reason))
     rt = mp.get_runtime()
     a, b = rt.listen("router", service="queue"), rt.listen("router", service="queue")
     _, identity_a = split_identity(a.address)

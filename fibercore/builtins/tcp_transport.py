@@ -126,6 +126,7 @@ class _Conn:
         self.session: Session | None = None
         self.label = label
         self.who: Hashable = None  # the peer identity whose pending budget it uses (listeners)
+        self.received = False  # any byte arrived
         self.opened = time.monotonic()
         self.send_lock = threading.Lock()
         self.max_frame = MAX_HANDSHAKE_FRAME
@@ -280,6 +281,7 @@ class _Conn:
                     return recv_into(view, 0, 0)
 
     def _parse(self, view: memoryview, deliver: Callable[[memoryview], None]) -> None:
+        self.received = True
         while view:
             if self._body is None:
                 take = min(4 - self._hpos, len(view))
@@ -547,8 +549,9 @@ class TcpListener:
         except _WOULD_BLOCK:
             pass
         except (_Broken, HandshakeFailed, TransportTimeout) as exc:
-            if conn.session is None:
-                reject(self.address, conn.label, f"did not authenticate: {exc}", "refused_connections")
+            if conn.session is None:  # quiet when it went before sending anything
+                reject(self.address, conn.label, f"did not authenticate: {exc}", "refused_connections",
+                       quiet=isinstance(exc, _Broken) and not conn.received)
             self._drop(conn)
             return
         if conn.session is not None and not self._closed:
@@ -960,7 +963,9 @@ def _peer_uid(sock: socket.socket) -> int:
     return int(struct.unpack("3i", creds)[1])
 
 
-#: Seconds a dialer gives the same-machine Unix path (connect and handshake) before TCP.
+#: Seconds a dialer waits for the same-machine Unix socket to take its connection before it
+#: uses TCP (a backlog that never drains). Its handshake then has the usual handshake_timeout:
+#: the listener is our own user's (checked), and a busy master is slow, not hostile.
 LOCAL_DEADLINE = 2.0
 #: A dialer whose connection is closed before the listener's HELLO (refused for room: many
 #: jobs of one node connecting at once, or a flood) tries again after these pauses (each
@@ -969,8 +974,8 @@ DIAL_RETRIES = (0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 3.2)
 
 
 def _dial_local(address: str, auth: Authenticator, spin: float) -> TcpDialer | None:
-    """The listener's Unix socket, if it is on this machine and answers as the address's
-    listener within :data:`LOCAL_DEADLINE`; None means: use TCP."""
+    """The listener's Unix socket, if it is on this machine, takes the connection within
+    :data:`LOCAL_DEADLINE` and belongs to this user; None means: use TCP."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.settimeout(LOCAL_DEADLINE)
@@ -984,7 +989,7 @@ def _dial_local(address: str, auth: Authenticator, spin: float) -> TcpDialer | N
         sock.close()
         return None
     try:
-        return _handshake(sock, address, auth, spin, timeout=LOCAL_DEADLINE)
+        return _handshake(sock, address, auth, spin)
     except (TransportError, AuthenticationError, _Refused):
         return None
 

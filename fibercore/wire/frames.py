@@ -247,10 +247,16 @@ def malformed(where: str, peer: Hashable, op: int, exc: BaseException) -> None:
     reject(where, peer, f"malformed message (op {op}): {exc!r}", "malformed_messages")
 
 
-def reject(where: str, peer: Hashable, reason: str, counter: str = "rejected_frames") -> None:
-    """Count a refused frame or connection and log it (rate-limited): the receiver keeps serving."""
+def reject(where: str, peer: Hashable, reason: str, counter: str = "rejected_frames", quiet: bool = False) -> None:
+    """Count a refused frame or connection and log it (rate-limited): the receiver keeps serving.
+
+    ``quiet``: counted and logged at DEBUG only (a connection that closed before it sent
+    anything: a job that died while it started, a port scan)."""
     global _last_warning
     stats[counter] += 1
+    if quiet:
+        log.debug("refused on %s from %r: %s", where, peer, reason)
+        return
     now = time.monotonic()
     if now - _last_warning > 5.0:
         _last_warning = now

@@ -19,7 +19,7 @@ class TestDockerBackend(BackendConformance):
     @pytest.fixture
     def backend_config(self, docker_config: dict[str, Any], docker_client: Any) -> dict[str, Any]:
         self.docker = docker_client
-        return dict(docker_config)
+        return dict(docker_config, docker_nested=True)  # the suite starts jobs from jobs: trusted code
 
     def kill_outside_fibercore(self, process: fc.Process) -> None:
         """`docker kill` from the command line."""
