@@ -15,7 +15,7 @@ import weakref
 from typing import Any, ClassVar
 
 from fibercore import rpc
-from fibercore.errors import AbandonedLockWarning, TimeoutError
+from fibercore.errors import AbandonedLockWarning
 from fibercore.lifetime import PerProcess, at_process_end, current_pid
 from fibercore.rpc import RETURN
 from fibercore.runtime import adopt_credentials, credentials_for_child
@@ -25,11 +25,7 @@ from fibercore.sync.states import State
 #: Seconds a call whose timeout passed (or a non-blocking try) waits for the service's
 #: answer before it gives up on a service that does not answer.
 ANSWER_GRACE = 0.5
-_RAISE = object()  # _call's gave_up: raise SyncTimeout
-
-
-class SyncTimeout(TimeoutError):
-    """The synchronization service of an object did not answer a call that has a timeout."""
+_WAIT = object()  # _call's gave_up: nothing to give up with, wait for the answer
 
 
 _service: list[SyncService] = []  # this process's service, made on first use
@@ -99,13 +95,16 @@ class Handle:
         weakref.finalize(self, svc.release, self._oid).atexit = False
 
     def _call(self, method: str, *args: Any, timeout: float | None = None, wait: bool = False,
-              gave_up: Any = _RAISE, undo: str | None = None) -> Any:
+              gave_up: Any = _WAIT, undo: str | None = None) -> Any:
         """Run ``method`` on the object; ``wait``: it may block, up to ``timeout`` (None: forever).
 
-        A call with a timeout returns within :data:`ANSWER_GRACE` of it even when the
-        service does not answer (stalled, its machine gone): ``gave_up`` is returned (or
-        SyncTimeout raised), and a late answer that granted something is undone (``undo``,
-        a method sent without waiting: an acquire's late grant is released).
+        With ``gave_up`` (an acquire, an Event's wait), a call with a timeout, or a
+        non-blocking try, returns within :data:`ANSWER_GRACE` of it even when the service
+        does not answer (stalled, its machine gone): ``gave_up`` is returned, and a late
+        answer that granted something is undone (``undo``, sent without waiting: an
+        acquire's late grant is released). Without it (a Condition's or Barrier's wait,
+        whose answer must come: the lock taken back, the barrier passed) the final answer
+        is awaited.
         """
         svc = _local(self._address)
         if svc is not None:
@@ -114,24 +113,19 @@ class Handle:
         future = conn.request(CALL, self._oid, (method, args))
         if wait and timeout is not None and not future.wait(max(0.0, timeout)):
             conn.request(CANCEL, self._oid, future.req, reply=False)
-            if not future.wait(ANSWER_GRACE):
-                return self._abandon(conn, future, method, timeout, gave_up, undo)
-        elif not wait and gave_up is not _RAISE and not future.wait(ANSWER_GRACE):  # a non-blocking try
-            return self._abandon(conn, future, method, 0, gave_up, undo)
+            if gave_up is not _WAIT and not future.wait(ANSWER_GRACE):
+                return self._abandon(conn, future, gave_up, undo)
+        elif not wait and gave_up is not _WAIT and not future.wait(ANSWER_GRACE):  # a non-blocking try
+            return self._abandon(conn, future, gave_up, undo)
         return future.get()
 
-    def _abandon(self, conn: Any, future: Any, method: str, timeout: float, gave_up: Any, undo: str | None) -> Any:
+    def _abandon(self, conn: Any, future: Any, gave_up: Any, undo: str | None) -> Any:
         def late(kind: int, value: Any) -> None:
             if undo is not None and kind == RETURN and value:
                 self._send(undo)
 
         if not conn.abandon(future, late):
             return future.get()  # the answer is arriving after all
-        if gave_up is _RAISE:
-            raise SyncTimeout(
-                f"{type(self).__name__}.{method}: no answer from the synchronization service at "
-                f"{self._address} (pid {self._creator}) within {timeout:g} s + {ANSWER_GRACE:g} s: its "
-                "process is stalled (stopped, swapping) or its machine is unreachable")
         return gave_up
 
     def _send(self, method: str, *args: Any) -> None:

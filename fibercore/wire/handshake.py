@@ -123,7 +123,8 @@ class Handshake:
             self._bind(identity)
 
     def _bind(self, identity: bytes) -> None:
-        self._kind = (b"P" if self._private else b"N") + identity + self._context
+        """What every MAC of this handshake covers: ``via || identity || kind/service``."""
+        self._bound = (b"P" if self._private else b"N") + identity + self._context
 
     def start(self) -> bytes | None:
         """What to send as soon as the connection is open (the listener speaks first)."""
@@ -142,12 +143,12 @@ class Handshake:
             if self._other is not None or len(data) != NONCE + MAC:
                 raise HandshakeFailed("malformed proof")
             nonce_l, nonce_d = self._nonce, data[:NONCE]
-            if not hmac.compare_digest(data[NONCE:], _mac(self._key, b"fibercore dialer", self._kind,
+            if not hmac.compare_digest(data[NONCE:], _mac(self._key, b"fibercore dialer", self._bound,
                                                            nonce_l, nonce_d)):
                 raise HandshakeFailed("wrong key")
             self._other = nonce_d
             self._finish(nonce_l, nonce_d)
-            return _mac(self._key, b"fibercore listener", self._kind, nonce_l, nonce_d)
+            return _mac(self._key, b"fibercore listener", self._bound, nonce_l, nonce_d)
         if self._other is None:  # the listener's HELLO
             if len(data) != len(MAGIC) + NONCE + IDENTITY or not data.startswith(MAGIC):
                 raise HandshakeFailed("not a fibercore endpoint, or another protocol version")
@@ -159,16 +160,16 @@ class Handshake:
                                       "address from an earlier run)")
             self.greeted = True
             self._other = data[len(MAGIC):len(MAGIC) + NONCE]
-            return self._nonce + _mac(self._key, b"fibercore dialer", self._kind, self._other, self._nonce)
+            return self._nonce + _mac(self._key, b"fibercore dialer", self._bound, self._other, self._nonce)
         nonce_l, nonce_d = self._other, self._nonce
         if len(data) != MAC or not hmac.compare_digest(
-                data, _mac(self._key, b"fibercore listener", self._kind, nonce_l, nonce_d)):
+                data, _mac(self._key, b"fibercore listener", self._bound, nonce_l, nonce_d)):
             raise HandshakeFailed("the listener did not prove it holds the key")
         self._finish(nonce_l, nonce_d)
         return None
 
     def _finish(self, nonce_l: bytes, nonce_d: bytes) -> None:
-        base = _mac(self._key, b"fibercore connection keys", self._kind, nonce_l, nonce_d)
+        base = _mac(self._key, b"fibercore connection keys", self._bound, nonce_l, nonce_d)
         to_dialer = _mac(base, b"listener to dialer")
         to_listener = _mac(base, b"dialer to listener")
         if self._listening:
