@@ -154,13 +154,14 @@ def test_doctor_checks_the_selected_backend_first_and_each_backend_once(tmp_path
 def test_idle_workers_leave_quietly_on_the_terminals_ctrl_c(tmp_path):
     app = tmp_path / "app.py"
     app.write_text(textwrap.dedent('''
-        import time
+        import faulthandler, signal, time
         import fibercore as mp
 
         def square(x):
             return x * x
 
         if __name__ == "__main__":
+            faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test's report if it hangs
             with mp.Pool(2) as pool:
                 print(pool.map(square, range(4)), flush=True)
                 time.sleep(120)
@@ -172,7 +173,16 @@ def test_idle_workers_leave_quietly_on_the_terminals_ctrl_c(tmp_path):
     assert proc.stdout.readline().strip() == "[0, 1, 4, 9]"
     time.sleep(0.5)
     os.killpg(proc.pid, signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
+    try:
+        _, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:  # say where it is stuck: its processes and its threads' stacks
+        group = subprocess.run(["ps", "-o", "pid,stat,wchan:24,etime,args", "-g", str(proc.pid)],
+                               capture_output=True, text=True).stdout
+        os.kill(proc.pid, signal.SIGUSR1)
+        time.sleep(2)
+        os.killpg(proc.pid, signal.SIGKILL)
+        _, err = proc.communicate()
+        raise AssertionError(f"the program did not end within 60 s of Ctrl-C\n{group}\n{err}") from None
     assert proc.returncode != 0
     # the master's own KeyboardInterrupt, as with multiprocessing; nothing from the workers
     assert err.count("Traceback") == 1 and err.rstrip().endswith("KeyboardInterrupt"), err

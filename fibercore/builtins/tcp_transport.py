@@ -94,6 +94,10 @@ class _Broken(Exception):
     """The connection ended or broke its limits: close it."""
 
 
+class _Gone(_Broken):
+    """The peer closed or reset the connection (not a broken limit)."""
+
+
 def _byte_view(part: Any) -> memoryview:
     view = part if isinstance(part, memoryview) else memoryview(part)
     return view if view.format == "B" and view.ndim == 1 else view.cast("B")
@@ -126,7 +130,6 @@ class _Conn:
         self.session: Session | None = None
         self.label = label
         self.who: Hashable = None  # the peer identity whose pending budget it uses (listeners)
-        self.received = False  # any byte arrived
         self.opened = time.monotonic()
         self.send_lock = threading.Lock()
         self.max_frame = MAX_HANDSHAKE_FRAME
@@ -187,7 +190,7 @@ class _Conn:
                     raise _Broken(f"the peer stopped reading in the middle of a frame for {PARTIAL_WAIT:.0f} s") from None
                 continue
             except OSError as exc:
-                raise _Broken(str(exc)) from None
+                raise _Gone(str(exc)) from None
             sent_any = True
             while n:
                 first = iov[0]
@@ -257,9 +260,9 @@ class _Conn:
         except _WOULD_BLOCK:
             raise
         except OSError as exc:
-            raise _Broken(str(exc)) from None
+            raise _Gone(str(exc)) from None
         if n == 0:
-            raise _Broken("closed by the peer")
+            raise _Gone("closed by the peer")
         return n
 
     def _spin_then_wait(self, view: memoryview) -> int:
@@ -281,7 +284,6 @@ class _Conn:
                     return recv_into(view, 0, 0)
 
     def _parse(self, view: memoryview, deliver: Callable[[memoryview], None]) -> None:
-        self.received = True
         while view:
             if self._body is None:
                 take = min(4 - self._hpos, len(view))
@@ -549,9 +551,9 @@ class TcpListener:
         except _WOULD_BLOCK:
             pass
         except (_Broken, HandshakeFailed, TransportTimeout) as exc:
-            if conn.session is None:  # quiet when it went before sending anything
+            if conn.session is None:  # quiet when the peer just went (a job that died while it started)
                 reject(self.address, conn.label, f"did not authenticate: {exc}", "refused_connections",
-                       quiet=isinstance(exc, _Broken) and not conn.received)
+                       quiet=isinstance(exc, _Gone))
             self._drop(conn)
             return
         if conn.session is not None and not self._closed:
