@@ -166,9 +166,12 @@ def test_idle_workers_leave_quietly_on_the_terminals_ctrl_c(tmp_path):
                 print(pool.map(square, range(4)), flush=True)
                 time.sleep(120)
     '''))
-    # Its own process group, as a terminal gives a command: Ctrl-C signals the whole group.
+    # Its own process group, as a terminal gives a command: Ctrl-C signals the whole group. And
+    # SIGINT handled as a terminal's shell leaves it: a test run started in the background by a
+    # non-interactive shell inherits SIGINT ignored, and so would the program (CI hung on that).
     proc = subprocess.Popen([sys.executable, str(app)], cwd=tmp_path, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True, env={**os.environ, **LOCAL})
+                            stderr=subprocess.PIPE, text=True, start_new_session=True, env={**os.environ, **LOCAL},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert proc.stdout is not None
     assert proc.stdout.readline().strip() == "[0, 1, 4, 9]"
     time.sleep(0.5)
