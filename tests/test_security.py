@@ -33,7 +33,7 @@ from fibercore import queues
 from fibercore.errors import TransportTimeout
 from fibercore.wire import stats
 from fibercore.wire.handshake import MAGIC, Authenticator
-from tests.helpers import tcp_target
+from tests.helpers import make_ca, node_cert, tcp_target
 
 HEADER = struct.Struct("<I")
 
@@ -958,50 +958,6 @@ def test_a_planted_segment_is_not_mapped(local_user):
 # -- TLS: an on-path relay holding a certificate of the same CA ---------------------------------
 
 
-def _node_cert(tmp_path: Path, ca: tuple[Any, Any], name: str, ip: str | None) -> str:
-    """A certificate the test CA signed for ``name`` (and ``ip``), key included."""
-    import datetime
-    import ipaddress
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    ca_cert, ca_key = ca
-    now = datetime.datetime.now(datetime.timezone.utc)
-    key = ec.generate_private_key(ec.SECP256R1())
-    names: list[Any] = [x509.DNSName(name)] + ([x509.IPAddress(ipaddress.ip_address(ip))] if ip else [])
-    cert = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
-            .issuer_name(ca_cert.subject).public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(days=1)).not_valid_after(now + datetime.timedelta(days=2))
-            .add_extension(x509.SubjectAlternativeName(names), critical=False).sign(ca_key, hashes.SHA256()))
-    path = tmp_path / f"{name}.pem"
-    path.write_bytes(cert.public_bytes(serialization.Encoding.PEM) + key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
-    return str(path)
-
-
-def _test_ca(tmp_path: Path) -> tuple[str, tuple[Any, Any]]:
-    import datetime
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    now = datetime.datetime.now(datetime.timezone.utc)
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "fibercore relay-test CA")])
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(days=1))
-            .not_valid_after(now + datetime.timedelta(days=2))
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True).sign(key, hashes.SHA256()))
-    path = tmp_path / "ca.pem"
-    path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    return str(path), (cert, key)
-
-
 class TlsRelay:
     """Terminates TLS with its own certificate (the same CA's) on both sides, forwards every
     byte, and keeps what it saw in clear."""
@@ -1054,8 +1010,8 @@ class TlsRelay:
 
 @pytest.fixture
 def tls_session(tmp_path):
-    ca_file, ca = _test_ca(tmp_path)
-    node = _node_cert(tmp_path, ca, "localhost", "127.0.0.1")
+    ca_file, ca = make_ca(tmp_path)
+    node = node_cert(tmp_path, ca, "localhost", "127.0.0.1")
     mp.init(tls=True, tls_cert_file=node, tls_ca_file=ca_file, start_timeout=30)
     yield tmp_path, ca_file, ca
     mp.init()
@@ -1075,10 +1031,10 @@ def test_a_tls_relay_with_another_certificate_of_the_ca_reads_nothing(tls_sessio
     assert q.get(timeout=30) == "warm"
     target, identity = split_identity(q._address)
     assert target.startswith("tls+tcp://")
-    other = TlsRelay(tcp_target(q._address), ca_file, _node_cert(tmp_path, ca, "evil.example", None))
+    other = TlsRelay(tcp_target(q._address), ca_file, node_cert(tmp_path, ca, "evil.example", None))
     with pytest.raises(AuthenticationError, match="not valid for '127.0.0.1'"):
         rt.dial("router", f"tls+tcp://127.0.0.1:{other.port}#{identity.hex()}", service="queue")
-    stolen = TlsRelay(tcp_target(q._address), ca_file, _node_cert(tmp_path, ca, "node-7", "127.0.0.1"))
+    stolen = TlsRelay(tcp_target(q._address), ca_file, node_cert(tmp_path, ca, "node-7", "127.0.0.1"))
     channel = rt.dial("router", f"tls+tcp://127.0.0.1:{stolen.port}#{identity.hex()}", service="queue")
     canary = "CANARY-" + os.urandom(8).hex()
     channel.send([(queues.PUT, rt.serializer.dumps(canary))])
@@ -1096,8 +1052,8 @@ def test_tls_needs_a_ca_and_a_tls_dialer_refuses_plain_tcp(tmp_path):
 
     with pytest.raises(ConfigError, match="tls_ca_file"):
         TcpTransport({"cert": "x.pem", "ca": None})
-    ca_file, ca = _test_ca(tmp_path)
-    tls = TcpTransport({"cert": _node_cert(tmp_path, ca, "localhost", "127.0.0.1"), "ca": ca_file})
+    ca_file, ca = make_ca(tmp_path)
+    tls = TcpTransport({"cert": node_cert(tmp_path, ca, "localhost", "127.0.0.1"), "ca": ca_file})
     with pytest.raises(TransportError, match="never dials without TLS"):
         tls.dial("router", "tcp://127.0.0.1:9", auth=Authenticator(os.urandom(32), "router"))
 
