@@ -253,6 +253,14 @@ class Connection:
 
     def _next(self, timeout: float | None) -> tuple[int, list[Any]]:
         """Next message; raises TransportTimeout after ``timeout``, EOFError at the end."""
+        channel = self._channel
+        if (channel is not None and not self._inbox and self._watcher is None and not self._closed
+                and self._readable and self._pid == current_pid()):
+            # Connected, nothing buffered (the hot path of a stepped simulator): receive.
+            deadline = None if timeout is None else time.monotonic() + timeout
+            while not self._inbox:
+                self._pull(channel, deadline)
+            return self._take()
         self._check_closed()
         if not self._readable:
             raise OSError("connection is write-only")
@@ -283,7 +291,7 @@ class Connection:
         """Receive one frame into the inbox; EOFError at the end, TransportTimeout after ``deadline``."""
         if deadline is not None:
             step = min(step, max(0.0, deadline - time.monotonic()))
-        if not self._eof and os.getpid() == self._creator_pid:
+        if not self._eof and current_pid() == self._creator_pid:
             home = _homes.get(self._pipe_id)
             if home is not None and (1 - self._side) in home.closed_sides:
                 self._eof = True  # the other end was closed here without ever connecting

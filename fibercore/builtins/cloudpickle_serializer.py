@@ -41,6 +41,49 @@ from fibercore.hookspecs import hookimpl
 
 _PLAIN = frozenset({bytes, str, int, float, bool, type(None), bytearray, complex})
 _OOB_MIN = 4096  # smaller buffers are cheaper in band
+#: Objects a plain-data walk looks at before it gives up (and cloudpickle takes the object).
+_WALK_BUDGET = 256
+
+
+def _plain_data(obj: Any) -> bool:
+    """Whether ``obj`` is data the C pickler writes exactly as cloudpickle would: the plain
+    types, tuples, lists and dicts of them, and numpy arrays and scalars without Python
+    objects inside (an RL step's observation, a small task's arguments and result).
+
+    Nothing in such an object is a function, a class of ``__main__`` or a fibercore handle
+    whose ``__reduce__`` has effects (a manager proxy's reference count), so pickling it
+    once with the C pickler is both safe and final. The walk stops after
+    :data:`_WALK_BUDGET` objects: a big structure goes to cloudpickle, whose cost per byte is
+    the same and whose cost per call no longer matters.
+    """
+    np = sys.modules.get("numpy")
+    ndarray = generic = None
+    if np is not None:
+        ndarray, generic = np.ndarray, np.generic
+    budget = _WALK_BUDGET
+    stack = [obj]
+    while stack:
+        budget -= 1
+        if budget < 0:
+            return False
+        item = stack.pop()
+        kind = type(item)
+        if kind in _PLAIN:
+            continue
+        if kind is tuple or kind is list:
+            stack.extend(item)
+        elif kind is dict:
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif kind is ndarray:
+            if item.dtype.hasobject:
+                return False
+        elif generic is not None and isinstance(item, generic) and kind.__module__ == "numpy":
+            if kind is np.object_:  # pragma: no cover - numpy gives the object itself
+                return False
+        else:
+            return False
+    return True
 
 #: The namespace that functions of a sender's ``__main__`` get in this process.
 MAIN_NAMESPACE: dict[str, Any] = {"__name__": "__mp_main__", "__builtins__": __builtins__}
@@ -237,6 +280,8 @@ class CloudpickleSerializer:
     def dumps(self, obj: Any) -> list[Any]:
         if type(obj) in _PLAIN:
             return [pickle.dumps(obj, protocol=5)]
+        if _plain_data(obj):  # the C pickler: a few µs less per message than cloudpickle
+            return self._dumps_plain(obj)
         if type(obj) is types.FunctionType:
             # The same unchanged function gives the same list of parts (not a new pickle):
             # a Pool recognises it and does not send an ES noise table again every map.
@@ -249,6 +294,18 @@ class CloudpickleSerializer:
                 _pickled_functions[obj] = (fingerprint, parts)
                 return parts
         return self._dumps(obj)
+
+    def _dumps_plain(self, obj: Any) -> list[Any]:
+        buffers: list[Any] = []
+
+        def keep(buf: pickle.PickleBuffer) -> bool:
+            raw = buf.raw()
+            if raw.nbytes < _OOB_MIN:
+                return True
+            buffers.append(raw)
+            return False
+
+        return [pickle.dumps(obj, protocol=5, buffer_callback=keep), *buffers]
 
     def _dumps(self, obj: Any) -> list[Any]:
         buffers: list[Any] = []

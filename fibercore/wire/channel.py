@@ -86,7 +86,12 @@ class Channel:
         listening pair raises TransportTimeout when no peer connected within
         :data:`PAIR_SEND_SLICE`.
         """
-        session = self._default_peer() if peer is None else peer
+        if peer is not None:
+            session = peer
+        elif self.listening:
+            session = self._default_peer()
+        else:
+            session = self.endpoint.peer  # type: ignore[attr-defined]
         assert isinstance(session, Session)
         me = threading.get_ident()
         if session.sending == me:

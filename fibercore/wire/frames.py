@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import struct
 import sys
 import threading
 import time
@@ -47,6 +48,10 @@ _ONE_SHOT_MAX = 64 << 10  # smaller frames are joined and tagged in one call
 _FIXED_WORDS = 3  # counter, nwords, nmsgs
 #: How far behind the newest accepted counter a frame may be and still be accepted (once).
 REPLAY_WINDOW = 64
+
+_ONE = struct.Struct("<6Q")  # the words of a frame of one message in one part
+_U64 = struct.Struct("<Q")
+_U64x3 = struct.Struct("<3Q")
 
 Message = tuple[int, Sequence[Any]]  # (op, parts)
 Messages = list[tuple[int, list[memoryview]]]
@@ -96,6 +101,12 @@ class Sealer:
 
     def _layout(self, messages: Sequence[Message]) -> tuple[bytes, list[Any], int]:
         """The header words (counter first) and the payload parts of one frame."""
+        if len(messages) == 1:
+            op, parts = messages[0]
+            if len(parts) == 1:  # the usual message (a pickle): its words in one call
+                part = parts[0]
+                n = part.nbytes if type(part) is memoryview else len(part)
+                return _ONE.pack(self._counter, 6, 1, op, 1, n), [part], n
         words = array("Q", [self._counter, 0, len(messages)])
         payload: list[Any] = []
         size = 0
@@ -151,7 +162,7 @@ class Opener:
             view = view.cast("B")
         if view.nbytes < TAG_SIZE + 8 * _FIXED_WORDS:
             raise BadFrame("short frame")
-        counter = int.from_bytes(view[TAG_SIZE:TAG_SIZE + 8], "little")
+        (counter,) = _U64.unpack_from(view, TAG_SIZE)
         body = self._verify(view, counter)
         with self._lock:
             if counter > self._last:
@@ -215,7 +226,11 @@ class StreamOpener(Opener):
 
 
 def _split(body: memoryview) -> Messages:
-    nwords = int.from_bytes(body[8:16], "little")
+    _counter, nwords, nmsgs = _U64x3.unpack_from(body)
+    if nwords == 6 and nmsgs == 1 and len(body) >= 48:  # one message in one part: no loop
+        op, nparts, size = _U64x3.unpack_from(body, 24)
+        if nparts == 1 and 48 + size == len(body):
+            return [(op, [body[48:]])]
     end_words = 8 * nwords
     if nwords < _FIXED_WORDS or end_words > len(body):
         raise BadFrame("bad header length")

@@ -43,7 +43,8 @@ class Sender:
         self._name = name
         self._peer_gone = peer_gone
         self._queue: collections.deque[tuple[Message, int]] = collections.deque()
-        self._cv = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()  # ``with self._lock`` where nothing waits: a C call, not Condition's
+        self._cv = threading.Condition(self._lock)
         self._bytes = 0
         self._busy = False  # a batch (or an inline send) is being sent
         self._closed = False
@@ -64,8 +65,7 @@ class Sender:
             self._waiting -= 1
 
     def put(self, message: Message) -> None:
-        size = sum(map(nbytes, message[1])) + 16
-        with self._cv:
+        with self._lock:
             if self._error is not None:
                 raise TransportClosed(f"cannot send: {self._error}")
             while self._bytes > self._high_water and not self._closed and self._error is None:
@@ -77,6 +77,7 @@ class Sender:
             if inline:
                 self._busy = True
             else:
+                size = sum(map(nbytes, message[1])) + 16
                 self._queue.append((message, size))
                 self._bytes += size
                 if self._thread is None:
@@ -94,7 +95,7 @@ class Sender:
                 self._queue.clear()
             raise TransportClosed(f"cannot send: {exc}") from exc
         finally:
-            with self._cv:
+            with self._lock:
                 self._busy = False
                 self._last_put = time.perf_counter()
                 if self._queue or self._waiting:  # queued meanwhile, or a flush() waits

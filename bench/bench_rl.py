@@ -1,0 +1,322 @@
+"""The reinforcement-learning hot paths: fibercore vs multiprocessing (fork, spawn, forkserver)
+side by side in one run, interleaved, medians of rounds, printed as ratios.
+
+    python bench/bench_rl.py                       # every section, 3 rounds (about 10 minutes)
+    python bench/bench_rl.py --quick               # fewer steps and pool sizes (about 3 minutes)
+    python bench/bench_rl.py --rounds 5 ppo pipe   # chosen sections only
+    python bench/bench_rl.py --report docs/perf/bench_rl   # also writes bench_rl.md
+
+Sections (each in both regimes where it has processes: as many as the cores, and 4× more,
+which is the usual RL set-up of more simulators than cores):
+  ppo      N CartPole simulators, each in its own Process stepped over a Pipe by the master
+           (send every action, then receive every observation): steps/s of all N
+  vecenv   gymnasium's AsyncVectorEnv(context=...) with N CartPole envs, 2,000 steps (--quick:
+           500), with and without shared_memory: seconds
+  pipe     a 100-byte round trip over a Pipe to one child (send_bytes, echo, recv_bytes)
+  queue    a 100-byte round trip through two Queues (the master puts, the child echoes)
+  apply    one apply_async round trip on Pool(N)
+  smallnp  Pool(N).map of 64 (numpy array of 8 floats, int) tuples: time per map
+  chunk1   Pool(64) and Pool(128) (--quick: 64 only), busy 1 ms tasks with chunksize=1: tasks/s
+  noop     Pool(64) and Pool(128), a map of 200,000 no-op items: items/s
+  idle     an idle Pool(4) for 5 s: CPU seconds of the master and its workers
+  start    8 Process objects started to their first message
+  uss      a Pool worker's unique memory (USS) after its first task
+
+Ratios are fibercore / multiprocessing with each start method; "higher" or "lower" says
+which is better. Every library runs the same functions (bench/_rl_tasks.py, pickled by
+reference) on the same machine in the same run; rounds rotate which library goes first.
+BLAS is pinned to one thread for every library (as ES and RL code does), see
+bench_workloads.py. A benchmark, not a test: nothing asserts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+for _name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_name, "1")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _rl_tasks as T  # noqa: E402
+
+CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+METHODS = ("fork", "spawn", "forkserver")
+#: (section, setting, unit, better, {library: [values]})
+RESULTS: list[tuple[str, str, str, str, dict[str, list[float]]]] = []
+
+
+def libraries(methods: tuple[str, ...]) -> list[tuple[str, Any]]:
+    import fibercore
+
+    return [("fibercore", fibercore)] + [(m, multiprocessing.get_context(m)) for m in methods]
+
+
+# ------------------------------------------------------------------------------------ measures
+def ppo(lib: Any, n: int, steps: int) -> float:
+    pipes, procs = [], []
+    for _ in range(n):
+        a, b = lib.Pipe()
+        p = lib.Process(target=T.env_worker, args=(b, "CartPole-v1"), daemon=True)
+        p.start()
+        b.close()  # as SubprocVecEnv does: the child holds its end
+        pipes.append(a)
+        procs.append(p)
+    for c in pipes:
+        c.send(0)
+    for c in pipes:
+        c.recv()
+    t0 = time.perf_counter()
+    for i in range(steps):
+        for c in pipes:
+            c.send(i & 1)
+        for c in pipes:
+            c.recv()
+    elapsed = time.perf_counter() - t0
+    for c in pipes:
+        c.send(None)
+    for p in procs:
+        p.join(30)
+    return n * steps / elapsed
+
+
+def vector_env(lib: Any, n: int, steps: int, shared_memory: bool) -> float:
+    """gymnasium's AsyncVectorEnv on this library's context: seconds for ``steps`` steps."""
+    import functools
+
+    import gymnasium as gym
+    import numpy as np
+
+    context = "fiber" if getattr(lib, "__name__", "") == "fibercore" else lib.get_start_method()
+    envs = gym.vector.AsyncVectorEnv([functools.partial(gym.make, "CartPole-v1")] * n,
+                                     shared_memory=shared_memory, context=context)
+    try:
+        envs.reset(seed=0)
+        actions = np.zeros(n, dtype=np.int64)
+        for _ in range(20):
+            envs.step(actions)
+        t0 = time.perf_counter()
+        for i in range(steps):
+            actions[:] = i & 1
+            envs.step(actions)
+        return time.perf_counter() - t0
+    finally:
+        envs.close()
+
+
+def pipe_rtt(lib: Any, n: int) -> float:
+    a, b = lib.Pipe()
+    p = lib.Process(target=T.echo_bytes, args=(b, n + 200))
+    p.start()
+    payload = b"x" * 100
+    for _ in range(200):  # connected and warm
+        a.send_bytes(payload)
+        a.recv_bytes()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        a.send_bytes(payload)
+        a.recv_bytes()
+    elapsed = time.perf_counter() - t0
+    p.join(30)
+    return elapsed / n * 1e6
+
+
+def queue_rtt(lib: Any, n: int) -> float:
+    inq, outq = lib.Queue(), lib.Queue()
+    p = lib.Process(target=T.echo_queue, args=(inq, outq))
+    p.start()
+    payload = b"x" * 100
+    for _ in range(200):
+        inq.put(payload)
+        outq.get()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        inq.put(payload)
+        outq.get()
+    elapsed = time.perf_counter() - t0
+    inq.put(None)
+    outq.get()
+    p.join(30)
+    return elapsed / n * 1e6
+
+
+def apply_rtt(lib: Any, workers: int, n: int) -> float:
+    with lib.Pool(workers) as pool:
+        pool.map(T.noop, range(workers * 4), 1)
+        for _ in range(50):
+            pool.apply_async(T.nothing).get()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            pool.apply_async(T.nothing).get()
+        return (time.perf_counter() - t0) / n * 1e6
+
+
+def small_numpy(lib: Any, workers: int, maps: int) -> float:
+    import numpy as np
+
+    items = [(np.arange(8, dtype=np.float64), k) for k in range(64)]
+    with lib.Pool(workers) as pool:
+        for _ in range(5):
+            pool.map(T.small_numpy, items)
+        t0 = time.perf_counter()
+        for _ in range(maps):
+            pool.map(T.small_numpy, items)
+        return (time.perf_counter() - t0) / maps * 1e3
+
+
+def chunk1(lib: Any, workers: int, tasks: int) -> float:
+    with lib.Pool(workers) as pool:
+        pool.map(T.noop, range(workers * 2), 1)  # every worker up
+        t0 = time.perf_counter()
+        pool.map(T.busy, [1.0] * tasks, chunksize=1)
+        return tasks / (time.perf_counter() - t0)
+
+
+def noop_map(lib: Any, workers: int, items: int) -> float:
+    with lib.Pool(workers) as pool:
+        pool.map(T.noop, range(workers * 2), 1)
+        t0 = time.perf_counter()
+        pool.map(T.noop, range(items))
+        return items / (time.perf_counter() - t0)
+
+
+def _cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _worker_pids(pool: Any) -> list[int]:
+    procs = pool.workers() if hasattr(pool, "workers") else pool._pool
+    return [p.pid for p in procs if p.pid]
+
+
+def idle_cpu(lib: Any, seconds: float) -> float:
+    with lib.Pool(4) as pool:
+        pool.map(T.noop, range(16), 1)
+        time.sleep(0.5)
+        pids = [os.getpid(), *_worker_pids(pool)]
+        before = sum(_cpu_seconds(p) for p in pids)
+        time.sleep(seconds)
+        return sum(_cpu_seconds(p) for p in pids) - before
+
+
+def start8(lib: Any) -> float:
+    q = lib.Queue()
+    t0 = time.perf_counter()
+    procs = [lib.Process(target=T.first_message, args=(q, t0)) for _ in range(8)]
+    for p in procs:
+        p.start()
+    for _ in procs:
+        q.get()
+    elapsed = time.perf_counter() - t0
+    for p in procs:
+        p.join(30)
+    return elapsed
+
+
+def worker_uss(lib: Any) -> float:
+    with lib.Pool(2) as pool:
+        pool.map(T.small_numpy, [(__import__("numpy").ones(8), 1)] * 8, 1)
+        sizes = []
+        for pid in _worker_pids(pool):
+            with open(f"/proc/{pid}/smaps_rollup") as fh:
+                fields = dict(line.split(":", 1) for line in fh if ":" in line)
+            sizes.append(sum(int(fields[k].split()[0]) for k in ("Private_Clean", "Private_Dirty")) / 1024)
+        return statistics.mean(sizes)
+
+
+# ------------------------------------------------------------------------------------ running
+def measure(section: str, setting: str, unit: str, better: str, libs: list[tuple[str, Any]],
+            rounds: int, fn: Callable[[Any], float]) -> None:
+    values: dict[str, list[float]] = {name: [] for name, _ in libs}
+    for r in range(rounds):
+        order = libs[r % len(libs):] + libs[:r % len(libs)]  # each library goes first in turn
+        for name, lib in order:
+            values[name].append(fn(lib))
+    RESULTS.append((section, setting, unit, better, values))
+    ours = statistics.median(values["fibercore"])
+    cells = []
+    for name, _ in libs[1:]:
+        theirs = statistics.median(values[name])
+        cells.append(f"{name} {theirs:10.4g} ({ours / theirs:5.2f}x)")
+    print(f"{section:8} {setting:16} fibercore {ours:10.4g} {unit:7} | " + " | ".join(cells)
+          + f"   [{better} is better]", flush=True)
+
+
+def report(path: str, methods: tuple[str, ...]) -> None:
+    lines = [
+        "| section | setting | unit | fibercore | " + " | ".join(methods) + " | "
+        + " | ".join(f"ratio to {m}" for m in methods) + " | better |",
+        "|" + "---|" * (5 + 2 * len(methods)),
+    ]
+    for section, setting, unit, better, values in RESULTS:
+        ours = statistics.median(values["fibercore"])
+        theirs = [statistics.median(values[m]) for m in methods]
+        lines.append(f"| {section} | {setting} | {unit} | {ours:.4g} | " + " | ".join(f"{v:.4g}" for v in theirs)
+                     + " | " + " | ".join(f"{ours / v:.2f}" for v in theirs) + f" | {better} |")
+    with open(path + ".md", "w") as fh:
+        fh.write("\n".join(lines) + "\n")
+    print(f"wrote {path}.md")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("sections", nargs="*", help="ppo vecenv pipe queue apply smallnp chunk1 noop idle start uss")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--methods", default=",".join(METHODS), help="multiprocessing start methods to compare")
+    parser.add_argument("--report", help="write a markdown table to REPORT.md")
+    args = parser.parse_args()
+    methods = tuple(m for m in args.methods.split(",") if m)
+    libs = libraries(methods)
+    want = set(args.sections) or {"ppo", "vecenv", "pipe", "queue", "apply", "smallnp", "chunk1", "noop", "idle", "start",
+                                  "uss"}
+    quick = args.quick
+    few, many = CORES, 4 * CORES
+    print(f"{CORES} cores; rounds {args.rounds}; regimes: {few} and {many} processes", flush=True)
+    m = args.rounds
+    if "ppo" in want:
+        for n, steps in ((few, 1000 if quick else 3000), (many, 300 if quick else 800)):
+            measure("ppo", f"{n} envs", "steps/s", "higher", libs, m, partial(ppo, n=n, steps=steps))
+    if "vecenv" in want:
+        for n in (few, many):
+            for shm in (False, True):
+                measure("vecenv", f"{n} envs{' shm' if shm else ''}", "s", "lower", libs, m,
+                        partial(vector_env, n=n, steps=500 if quick else 2000, shared_memory=shm))
+    if "pipe" in want:
+        measure("pipe", "100 B round trip", "us", "lower", libs, m, partial(pipe_rtt, n=2000 if quick else 5000))
+    if "queue" in want:
+        measure("queue", "100 B round trip", "us", "lower", libs, m, partial(queue_rtt, n=1000 if quick else 3000))
+    if "apply" in want:
+        for n in (few, many):
+            measure("apply", f"Pool({n})", "us", "lower", libs, m, partial(apply_rtt, workers=n, n=500 if quick else 2000))
+    if "smallnp" in want:
+        for n in (few, many):
+            measure("smallnp", f"Pool({n})", "ms/map", "lower", libs, m, partial(small_numpy, workers=n, maps=20 if quick else 50))
+    if "chunk1" in want:
+        for n in (64,) if quick else (64, 128):
+            measure("chunk1", f"Pool({n})", "tasks/s", "higher", libs, m,
+                    partial(chunk1, workers=n, tasks=1000 if quick else 4000))
+    if "noop" in want:
+        for n in (64,) if quick else (64, 128):
+            measure("noop", f"Pool({n})", "items/s", "higher", libs, m, partial(noop_map, workers=n, items=200_000))
+    if "idle" in want:
+        measure("idle", "Pool(4), 5 s", "cpu s", "lower", libs, m, partial(idle_cpu, seconds=2.0 if quick else 5.0))
+    if "start" in want:
+        measure("start", "8 Processes", "s", "lower", libs, m, start8)
+    if "uss" in want:
+        measure("uss", "Pool(2) worker", "MiB", "lower", libs, m, worker_uss)
+    if args.report:
+        report(args.report, methods)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
