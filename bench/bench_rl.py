@@ -18,7 +18,7 @@ which is the usual RL set-up of more simulators than cores):
   smallnp  Pool(N).map of 64 (numpy array of 8 floats, int) tuples: time per map
   chunk1   Pool(64) and Pool(128) (--quick: 64 only), busy 1 ms tasks with chunksize=1: tasks/s
   noop     Pool(64) and Pool(128), a map of 200,000 no-op items: items/s
-  idle     an idle Pool(4) for 5 s: CPU seconds of the master and its workers
+  idle     an idle Pool(4) for 10 s (--quick: 5 s): CPU seconds of the master and its workers
   start    8 Process objects started to their first message
   uss      a Pool worker's unique memory (USS) after its first task
 
@@ -245,9 +245,13 @@ def measure(section: str, setting: str, unit: str, better: str, libs: list[tuple
     cells = []
     for name, _ in libs[1:]:
         theirs = statistics.median(values[name])
-        cells.append(f"{name} {theirs:10.4g} ({ours / theirs:5.2f}x)")
+        cells.append(f"{name} {theirs:10.4g} ({_ratio(ours, theirs)})")
     print(f"{section:8} {setting:16} fibercore {ours:10.4g} {unit:7} | " + " | ".join(cells)
           + f"   [{better} is better]", flush=True)
+
+
+def _ratio(ours: float, theirs: float) -> str:
+    return f"{ours / theirs:5.2f}x" if theirs else "  n/a"
 
 
 def report(path: str, methods: tuple[str, ...]) -> None:
@@ -260,7 +264,7 @@ def report(path: str, methods: tuple[str, ...]) -> None:
         ours = statistics.median(values["fibercore"])
         theirs = [statistics.median(values[m]) for m in methods]
         lines.append(f"| {section} | {setting} | {unit} | {ours:.4g} | " + " | ".join(f"{v:.4g}" for v in theirs)
-                     + " | " + " | ".join(f"{ours / v:.2f}" for v in theirs) + f" | {better} |")
+                     + " | " + " | ".join(_ratio(ours, v).strip() for v in theirs) + f" | {better} |")
     with open(path + ".md", "w") as fh:
         fh.write("\n".join(lines) + "\n")
     print(f"wrote {path}.md")
@@ -308,7 +312,8 @@ def main() -> int:
         for n in (64,) if quick else (64, 128):
             measure("noop", f"Pool({n})", "items/s", "higher", libs, m, partial(noop_map, workers=n, items=200_000))
     if "idle" in want:
-        measure("idle", "Pool(4), 5 s", "cpu s", "lower", libs, m, partial(idle_cpu, seconds=2.0 if quick else 5.0))
+        idle_s = 5.0 if quick else 10.0
+        measure("idle", f"Pool(4), {idle_s:.0f} s", "cpu s", "lower", libs, m, partial(idle_cpu, seconds=idle_s))
     if "start" in want:
         measure("start", "8 Processes", "s", "lower", libs, m, start8)
     if "uss" in want:

@@ -259,7 +259,9 @@ class Connection:
             # Connected, nothing buffered (the hot path of a stepped simulator): receive.
             deadline = None if timeout is None else time.monotonic() + timeout
             while not self._inbox:
-                self._pull(channel, deadline)
+                msg = self._pull(channel, deadline, direct=True)
+                if msg is not None:
+                    return msg
             return self._take()
         self._check_closed()
         if not self._readable:
@@ -287,8 +289,12 @@ class Connection:
             self._pull(channel, deadline)
         return self._take()
 
-    def _pull(self, channel: Channel, deadline: float | None, step: float = 0.5) -> None:
-        """Receive one frame into the inbox; EOFError at the end, TransportTimeout after ``deadline``."""
+    def _pull(self, channel: Channel, deadline: float | None, step: float = 0.5,
+              direct: bool = False) -> tuple[int, list[Any]] | None:
+        """Receive one frame into the inbox; EOFError at the end, TransportTimeout after ``deadline``.
+
+        ``direct``: a frame of one message (the usual one) is returned instead, when nothing
+        waits in the inbox and no descriptor reports readiness."""
         if deadline is not None:
             step = min(step, max(0.0, deadline - time.monotonic()))
         if not self._eof and current_pid() == self._creator_pid:
@@ -305,10 +311,12 @@ class Connection:
                 raise EOFError("the other end of the pipe is closed") from None
             if deadline is not None and time.monotonic() >= deadline:
                 raise
-            return
+            return None
         except TransportClosed:
             self._set_eof()
             raise EOFError("the pipe was closed") from None
+        if direct and len(messages) == 1 and messages[0][0] != CLOSE and not self._inbox and self._ready is None:
+            return messages[0]
         for op, parts in messages:
             if op == CLOSE:
                 if not self._twin_still_writes():
@@ -317,6 +325,7 @@ class Connection:
                 self._inbox.append((op, parts))
         if self._inbox and self._ready is not None:
             self._ready.set()
+        return None
 
     def _twin_still_writes(self) -> bool:
         """A copy of the other end closed, but another may still write: more processes are

@@ -74,6 +74,9 @@ UNIX_SEND_BUFFER = 4 << 20
 PARTIAL_WAIT = 5.0
 #: Longest a reading thread polls before it looks again at what changed (closed, handed over).
 READ_STEP = 0.05
+#: Longest a waiting read sleeps before it looks again (closing an endpoint wakes it at once):
+#: an idle process wakes about once a second, not 20 times.
+IDLE_STEP = 1.0
 #: A listener's reading thread polls before sleeping only this soon after its last frame
 #: (an idle endpoint sleeps at once instead of spinning every READ_STEP).
 SPIN_AFTER = 0.05
@@ -167,16 +170,15 @@ def _byte_view(part: Any) -> memoryview:
 
 
 def _after(iov: list[Any], n: int) -> list[Any]:
-    """What is left of ``iov`` once its first ``n`` bytes went out."""
-    rest = list(iov)
-    while n and rest:
-        size = len(rest[0]) if type(rest[0]) is not memoryview else rest[0].nbytes
-        if n >= size:
-            n -= size
-            rest.pop(0)
-        else:
-            rest[0] = _byte_view(rest[0])[n:]
-            n = 0
+    """What is left of ``iov`` once its first ``n`` bytes went out, as non-empty byte views."""
+    rest = []
+    for part in iov:
+        view = _byte_view(part)
+        if n >= view.nbytes:
+            n -= view.nbytes
+            continue
+        rest.append(view[n:])
+        n = 0
     return rest
 
 
@@ -240,9 +242,10 @@ class _Conn:
                     raise _Gone(str(exc)) from None
                 if n == total + 4:
                     return
-                self._write_all(_after(iov, n), block, deadline)
-                return
-            self._write_all(iov, block, deadline)
+                iov = _after(iov, n)
+            else:
+                iov = [iov[0], *(v for v in map(_byte_view, parts) if v.nbytes)]
+            self._write_all(iov, block, deadline)  # byte views only, none empty (a send of 0 bytes loops)
             return
         views = [v for v in map(_byte_view, parts) if len(v)]
         iov: list[Any] = []
@@ -330,6 +333,19 @@ class _Conn:
             self._parse(memoryview(self._scratch)[:n], deliver)
             if n < len(self._scratch) and not (self.tls and self.sock.pending()):
                 return
+
+    def wait_at_most(self, seconds: float | None) -> None:
+        """Let a waiting read block up to ``seconds`` (None: until data or EOF), at most
+        :data:`IDLE_STEP`; a receive timeout already set within half of that (or a hair
+        over) is kept, so waits of similar lengths cost no setsockopt() each."""
+        if seconds is None:
+            self.receive_timeout(None)
+            return
+        target = min(seconds, IDLE_STEP)
+        current = self._rcvtimeo
+        if current is not None and current > 0 and target * 0.5 <= current <= target * 1.001:
+            return
+        self.receive_timeout(target)
 
     def receive_timeout(self, seconds: float | None) -> None:
         """How long a waiting read blocks (None: until data or EOF); a plain socket only."""
@@ -835,7 +851,7 @@ class TcpListener:
             return got
         while self._todo:
             self._todo.popleft()()
-        step = READ_STEP if timeout is None else min(READ_STEP, timeout)
+        step = IDLE_STEP if timeout is None else min(IDLE_STEP, timeout)
         try:
             ready = self._own.select(0)
             if not ready and step > 0:
@@ -1004,9 +1020,9 @@ class TcpDialer:
                         if not self._inbox:
                             raise TransportTimeout("timed out")
                         continue
-                    # A blocking read (no poll() wake-up), in steps of READ_STEP: one receive
-                    # timeout set once, not a setsockopt() per wait.
-                    self._conn.receive_timeout(None if remaining is None else min(remaining, READ_STEP))
+                    # A blocking read (no poll() wake-up) of at most IDLE_STEP; the receive
+                    # timeout is set again only when it is far from what is left.
+                    self._conn.wait_at_most(remaining)
                     self._conn.pump(self._inbox.append, wait=True)
                 except _WOULD_BLOCK:
                     continue  # the receive timeout passed (checked above on the next turn)

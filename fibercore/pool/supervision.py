@@ -114,8 +114,9 @@ class Supervision:
     def _run(self) -> None:
         pool = self.pool
         last_poll = 0.0
+        poll_every = 0.1
         while True:
-            self._wake.wait(0.1)
+            self._wake.wait(poll_every)
             self._wake.clear()
             if pool.state == TERMINATE or pool.finished:
                 return
@@ -130,7 +131,7 @@ class Supervision:
                     elif kind == "launch_failed":
                         self.start_failed(what, f"the backend could not create its job: {what.launch_error}")
                 now = time.monotonic()
-                poll_every = 0.1 if len(pool.fleet.workers) <= 64 else 0.5
+                poll_every = self._poll_interval()
                 if now - last_poll >= poll_every:
                     last_poll = now
                     self._poll_workers(now)
@@ -140,6 +141,21 @@ class Supervision:
                     pool.fleet.maintain()
             except Exception:
                 log.exception("%s: supervisor error (the pool keeps going)", pool.name)
+
+    def _poll_interval(self) -> float:
+        """How often job states are polled: often while jobs start (their start deadline) or
+        the pool adapts its size; once a second when it only waits (a job that dies closes
+        its connection, which wakes this thread at once), so an idle pool costs no CPU."""
+        pool = self.pool
+        fleet = pool.fleet
+        if self.min_size is not None or self.max_size is not None:
+            return 0.1
+        with pool.lock:
+            settled = fleet.ready_count() == len(fleet.workers)  # none starts, retires or leaves
+            size = len(fleet.workers)
+        if not settled:
+            return 0.1 if size <= 64 else 0.5
+        return 1.0
 
     def _poll_workers(self, now: float) -> None:
         with self.pool.lock:

@@ -1,0 +1,164 @@
+"""The built-in transport's fast paths, over real sockets of this process: a frame written in
+one sendmsg (or, when the socket is full, the rest of it), one-record frames parsed without
+copying twice, one-message frames opened without a loop, and the stream opener's replay rule.
+
+Each property compares what arrives with what was sent, byte for byte and in order, for
+frames of parts of every shape a caller passes (bytes, bytearrays, empty parts, memoryviews
+of other formats than bytes, such as a numpy array's) and with ``block=False``.
+"""
+
+from __future__ import annotations
+
+import array
+import threading
+import time
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fibercore.builtins.cloudpickle_serializer import CloudpickleSerializer, _plain_data
+from fibercore.errors import TransportTimeout
+from fibercore.runtime import get_runtime
+from fibercore.wire.frames import BadFrame, StreamOpener, StreamSealer
+
+
+@pytest.fixture(scope="module")
+def pair():
+    """A listening router channel and a channel dialled to it (a private Unix stream here)."""
+    rt = get_runtime()
+    listener = rt.listen("router", service="test")
+    dialler = rt.dial("router", listener.address, service="test")
+    dialler.send([(1, [b"hello"])])
+    [(op, parts)], peer = listener.recv(10)
+    assert bytes(parts[0]) == b"hello"
+    yield listener, dialler, peer
+    dialler.close()
+    listener.close()
+
+
+def _as_bytes(part):
+    return memoryview(part).cast("B").tobytes() if not isinstance(part, (bytes, bytearray)) else bytes(part)
+
+
+shapes = st.one_of(
+    st.binary(max_size=300),
+    st.just(b""),
+    st.lists(st.integers(0, 2**64 - 1), max_size=40).map(lambda xs: memoryview(array.array("Q", xs))),
+    st.lists(st.floats(allow_nan=False), max_size=40).map(lambda xs: memoryview(np.array(xs, dtype=np.float64))),
+    st.integers(0, 100_000).map(lambda n: bytearray(b"z" * n)),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(frames=st.lists(st.lists(shapes, max_size=6), min_size=1, max_size=8), block=st.booleans())
+def test_every_part_arrives_as_sent_in_order(pair, frames, block):
+    listener, dialler, peer = pair
+
+    def send_all() -> None:
+        for parts in frames:
+            while True:
+                try:
+                    dialler.send([(7, parts)], block=block)
+                    break
+                except TransportTimeout:  # block=False on a full socket: nothing went out, again
+                    time.sleep(0.001)
+
+    sender = threading.Thread(target=send_all)
+    sender.start()
+    for parts in frames:
+        [(op, got)], _ = listener.recv(10)
+        assert op == 7
+        assert [bytes(g) for g in got] == [_as_bytes(p) for p in parts]
+    sender.join(10)
+
+
+def test_many_small_frames_read_together_and_a_big_one_split_across_reads(pair):
+    listener, dialler, peer = pair
+    big = np.arange(3_000_000, dtype=np.float64)  # 24 MB: several records, many reads
+
+    def send_all() -> None:
+        for i in range(500):
+            listener.send([(2, [i.to_bytes(4, "little")])], peer)
+        listener.send([(3, [memoryview(big)])], peer)
+
+    sender = threading.Thread(target=send_all)
+    sender.start()
+    time.sleep(0.2)  # the small frames wait in the socket: one read takes many of them
+    for i in range(500):
+        [(op, got)], _ = dialler.recv(10)
+        assert (op, bytes(got[0])) == (2, i.to_bytes(4, "little"))
+    [(op, got)], _ = dialler.recv(30)
+    assert op == 3 and np.array_equal(np.frombuffer(got[0], dtype=np.float64), big)
+    sender.join(10)
+
+
+def test_non_blocking_sends_of_big_frames_to_a_slow_reader_arrive_whole(pair):
+    """``block=False`` either sends nothing (TransportTimeout: the caller tries again) or the
+    whole frame (a part out means the rest follows as the reader drains): 40 frames of
+    1 MiB with an empty part and an int32 view, to a reader that takes its time."""
+    listener, dialler, peer = pair
+    chunk = b"y" * (1 << 20)
+    tail = memoryview(array.array("i", [1, -2, 3]))
+    received = []
+
+    def drain() -> None:
+        for _ in range(40):
+            [(op, got)], _ = listener.recv(30)
+            received.append((op, bytes(got[0]) == chunk, bytes(got[1]), bytes(got[2])))
+            time.sleep(0.005)
+
+    thread = threading.Thread(target=drain)
+    thread.start()
+    for _ in range(40):
+        while True:
+            try:
+                dialler.send([(4, [chunk, b"", tail])], block=False)
+                break
+            except TransportTimeout:
+                time.sleep(0.002)
+    thread.join(60)
+    assert received == [(4, True, b"", tail.tobytes())] * 40
+
+
+def test_the_stream_opener_takes_the_next_frame_at_once_and_still_refuses_a_replay():
+    sealer, opener = StreamSealer(b"k" * 32), StreamOpener(b"k" * 32)
+    frames = [b"".join(bytes(p) for p in sealer.seal([(1, [f"m{i}".encode()])])) for i in range(5)]
+    assert [bytes(opener.open(f)[0][1][0]) for f in frames[:3]] == [b"m0", b"m1", b"m2"]
+    with pytest.raises(BadFrame, match="replayed"):
+        opener.open(frames[1])
+    assert bytes(opener.open(frames[4])[0][1][0]) == b"m4"  # out of order within the window
+    assert bytes(opener.open(frames[3])[0][1][0]) == b"m3"
+    with pytest.raises(BadFrame, match="replayed"):
+        opener.open(frames[3])
+
+
+class _Local:
+    pass
+
+
+@pytest.mark.parametrize("value, plain", [
+    ((np.zeros(4, dtype=np.float32), 1.0, False, False), True),
+    ({"obs": np.ones((2, 3)), "reward": np.float32(1.5), "done": np.bool_(True)}, True),
+    ([1, "a", b"b", None, 2.5, 3j, (1, 2)], True),
+    (np.array([object()], dtype=object), False),
+    ((1, _Local()), False),
+    ((1, len), False),
+    ([[0] * 300], False),  # past the walk's budget: cloudpickle takes it
+])
+def test_plain_data_is_recognised_and_nothing_else(value, plain):
+    assert _plain_data(value) is plain
+    s = CloudpickleSerializer()
+    back = s.loads(s.dumps(value))
+    if plain:
+        assert repr(back) == repr(value)
+
+
+def test_a_big_array_in_plain_data_travels_out_of_band():
+    s = CloudpickleSerializer()
+    value = (np.arange(100_000, dtype=np.float64), 3)
+    parts = s.dumps(value)
+    assert len(parts) == 2 and memoryview(parts[1]).nbytes == 800_000
+    back = s.loads([parts[0], bytearray(parts[1])])
+    assert np.array_equal(back[0], value[0]) and back[1] == 3 and back[0].flags.writeable
