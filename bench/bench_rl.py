@@ -50,6 +50,7 @@ CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (o
 METHODS = ("fork", "spawn", "forkserver")
 #: (section, setting, unit, better, {library: [values]})
 RESULTS: list[tuple[str, str, str, str, dict[str, list[float]]]] = []
+ROUNDS = [3]
 
 
 def libraries(methods: tuple[str, ...]) -> list[tuple[str, Any]]:
@@ -255,7 +256,13 @@ def _ratio(ours: float, theirs: float) -> str:
 
 
 def report(path: str, methods: tuple[str, ...]) -> None:
+    import platform
+
     lines = [
+        f"`python bench/bench_rl.py --rounds {ROUNDS[0]}` on {CORES} CPUs, Python {platform.python_version()}, "
+        f"{time.strftime('%Y-%m-%d %H:%M')}; medians of the rounds; ratio = fibercore / multiprocessing "
+        "with that start method.",
+        "",
         "| section | setting | unit | fibercore | " + " | ".join(methods) + " | "
         + " | ".join(f"ratio to {m}" for m in methods) + " | better |",
         "|" + "---|" * (5 + 2 * len(methods)),
@@ -279,6 +286,7 @@ def main() -> int:
     parser.add_argument("--report", help="write a markdown table to REPORT.md")
     args = parser.parse_args()
     methods = tuple(m for m in args.methods.split(",") if m)
+    ROUNDS[0] = args.rounds
     libs = libraries(methods)
     want = set(args.sections) or {"ppo", "vecenv", "pipe", "queue", "apply", "smallnp", "chunk1", "noop", "idle", "start",
                                   "uss"}

@@ -90,7 +90,7 @@ CORE_OPTIONS: tuple[Option, ...] = (
     Option("max_pending_per_peer", int, 32, "Unauthenticated connections one peer (a uid on Unix, an address on TCP) may hold on an endpoint."),
     Option("max_connections", int, 4096, "Authenticated connections an endpoint accepts."),
     Option("max_frame_size", int, 1 << 30, "Largest frame (bytes) an authenticated peer may send; bigger objects fail with a clear error."),
-    Option("spin_wait", float, 200.0, "Microseconds a waiting read polls before it sleeps (0: never poll); saves an idle CPU's wake-up per reply."),
+    Option("spin_wait", float, 200.0, "Microseconds a waiting read may poll before it sleeps (0: never poll); it polls only while this machine runs no more tasks than it has CPUs and while polls catch their data, and then saves an idle CPU's wake-up per reply."),
     Option("queue_max_bytes", int, 256 << 20, "Bytes a queue's broker holds before put() blocks, as on a full queue."),
 )
 
