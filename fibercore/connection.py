@@ -208,8 +208,13 @@ class Connection:
     def _send(self, op: int, parts: list[Any]) -> None:
         sender = self._sender
         if sender is not None and not self._closed and self._pid == current_pid() and not self._eof:
-            # Connected already (the common case): straight to the sender.
+            # Connected already (the common case): on an idle line, one message of one part
+            # goes out here in one step; otherwise through the sender (order, bursts).
             try:
+                if len(parts) == 1 and sender.idle() and self._channel is not None \
+                        and self._channel.send_one(op, parts[0]):
+                    sender.sent_aside()
+                    return
                 sender.put((op, parts))
                 return
             except TransportClosed as exc:

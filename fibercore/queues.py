@@ -196,8 +196,17 @@ class _Broker:
                     raise Full
                 self.cv.wait(remaining)
             self._append(parts)
+            sends: list[tuple[Hashable, list[Any]]] = []
             if self.waiting or self.local_getters:  # wake only who waits for an item
+                # A remote reader waits: answer it from this thread when no other is sending
+                # (as the receive thread does), not through a hand-off to the dispatch thread.
+                if self.waiting and not self.sending:
+                    sends = self._take_sends()
+                    if sends:
+                        self.sending = True
                 self._changed()
+        if sends:
+            self._send_replies(sends, block=False)
 
     def get_local(self, block: bool, timeout: float | None) -> list[Any]:
         deadline = None if timeout is None else time.monotonic() + timeout

@@ -31,6 +31,23 @@ def pipe_send_all(conn: Any, items: list[Any]) -> None:
     conn.close()
 
 
+def pipe_send_paced(conn: Any, items: list[tuple[Any, bool]]) -> None:
+    """Send each item, pausing after those marked (so that sends alternate between the idle
+    line's one-step path and the sender's bursts)."""
+    import time
+
+    for item, pause in items:
+        conn.send(item)
+        if pause:
+            time.sleep(0.0005)
+    conn.close()
+
+
+def pipe_collect(conn: Any, n: int) -> None:
+    """Receive ``n`` objects and send them back as one list."""
+    conn.send([conn.recv() for _ in range(n)])
+
+
 def pipe_bytes_echo(conn: Any) -> None:
     conn.send_bytes(conn.recv_bytes() * 2)
 

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import fibercore as mp
-from tests.helpers import array_roundtrip, pipe_bytes_echo, pipe_send_all
+from tests.helpers import (
+    array_roundtrip,
+    pipe_bytes_echo,
+    pipe_collect,
+    pipe_send_all,
+    pipe_send_paced,
+)
 
 
 def test_same_process_duplex():
@@ -46,6 +54,29 @@ def test_order_preserved_across_processes(items):
             r.recv()
     p.join(30)
     assert got == items
+
+
+@settings(max_examples=5, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.lists(st.tuples(st.one_of(st.integers(), st.binary(max_size=70_000)), st.booleans()), max_size=300))
+def test_order_preserved_when_sends_alternate_between_bursts_and_an_idle_line(items):
+    """An idle line sends a message in one step, a burst goes through the sender thread in
+    batches; a mix of both, both ways, arrives in order (big items force partial writes)."""
+    a, b = mp.Pipe()
+    p = mp.Process(target=pipe_send_paced, args=(b, items))
+    p.start()
+    b.close()
+    got = [a.recv() for _ in items]
+    p.join(30)
+    assert got == [item for item, _ in items]
+    c, d = mp.Pipe()  # the other direction: this process sends, the child collects
+    q = mp.Process(target=pipe_collect, args=(d, len(items)))
+    q.start()
+    for item, pause in items:
+        c.send(item)
+        if pause:
+            time.sleep(0.0005)
+    assert c.recv() == [item for item, _ in items]
+    q.join(30)
 
 
 @given(st.lists(st.integers(), max_size=2000))

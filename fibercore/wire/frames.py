@@ -217,6 +217,12 @@ class StreamSealer(Sealer):
         head, payload, _ = self._layout(messages)
         return [_NO_TAG, head, *payload]
 
+    def seal_one(self, op: int, part: Any) -> list[Any]:
+        """The frame of one message of one part (what :meth:`seal` makes of ``[(op, [part])]``)."""
+        self._counter += 1
+        n = part.nbytes if type(part) is memoryview else len(part)
+        return [_NO_TAG, _ONE.pack(self._counter, 6, 1, op, 1, n), part]
+
 
 class StreamOpener(Opener):
     """The receiving side of :class:`StreamSealer`: counters are still checked."""

@@ -101,6 +101,17 @@ class Sender:
                 if self._queue or self._waiting:  # queued meanwhile, or a flush() waits
                     self._cv.notify_all()
 
+    def idle(self) -> bool:
+        """Whether a message may leave now without this sender (nothing queued or being sent,
+        no burst under way): then the caller sends it itself and calls :meth:`sent_aside`."""
+        return (not self._busy and not self._queue and self._error is None and not self._closed
+                and time.perf_counter() - self._last_put > BURST_GAP)
+
+    def sent_aside(self) -> None:
+        """A message left without this sender (see :meth:`idle`): the next put within
+        :data:`BURST_GAP` starts a burst, as after one of its own."""
+        self._last_put = time.perf_counter()
+
     def _run(self) -> None:
         while True:
             with self._cv:
