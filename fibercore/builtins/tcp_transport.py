@@ -573,7 +573,9 @@ class TcpListener:
         self._pending_by: collections.Counter[Hashable] = collections.Counter()  # per peer identity
         self._peers: dict[Session, _Conn] = {}
         self._inbox: collections.deque[tuple[memoryview, Session]] = collections.deque()
-        self._cv = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()  # ``with self._lock`` where nothing waits: a C call
+        self._cv = threading.Condition(self._lock)
+        self._waiters = 0  # threads in self._cv.wait (notify only when one is there)
         self._callbacks: list[PeerCallback] = []
         self._closed = False
         # Authenticated connections are read by the thread waiting in recv (one at a time:
@@ -839,7 +841,7 @@ class TcpListener:
         deadline = None if timeout is None else time.monotonic() + timeout
         polled = False  # the connections were read at least once (a poll reads them too)
         while True:
-            with self._cv:
+            with self._lock:
                 if self._inbox:
                     return self._inbox.popleft()
                 if self._closed:
@@ -852,18 +854,26 @@ class TcpListener:
                     if expired:
                         raise TransportTimeout(f"no frame on {self.address} within {timeout} s")
                     # another thread reads; it hands over what it finds (and the reading, when done)
-                    self._cv.wait(READ_STEP if remaining is None else min(READ_STEP, remaining))
+                    self._waiters += 1
+                    try:
+                        self._cv.wait(READ_STEP if remaining is None else min(READ_STEP, remaining))
+                    finally:
+                        self._waiters -= 1
                     continue
             try:
                 got = self._read_own(max(0.0, remaining) if remaining is not None else None)
             finally:
                 self._reading.release()
-            with self._cv:
+            with self._lock:
                 if got:  # this thread keeps the first frame (no hand-off), waiting threads the rest
+                    if len(got) == 1 and not self._inbox and not self._waiters:
+                        return got[0]  # the usual case: one frame, nobody else waiting
                     self._inbox.extend(got)  # behind any older ones (delivered before the hand-over)
-                    self._cv.notify(len(self._inbox))  # and one more to take over the reading
+                    if self._waiters:
+                        self._cv.notify(len(self._inbox))  # and one more to take over the reading
                     return self._inbox.popleft()
-                self._cv.notify()  # a waiting thread may take over the reading
+                if self._waiters:
+                    self._cv.notify()  # a waiting thread may take over the reading
             polled = True
 
     def _read_own(self, timeout: float | None) -> list[tuple[memoryview, Session]]:
