@@ -111,40 +111,40 @@ def vector_env(lib: Any, n: int, steps: int, shared_memory: bool) -> float:
         envs.close()
 
 
-def pipe_rtt(lib: Any, n: int) -> float:
-    a, b = lib.Pipe()
-    p = lib.Process(target=T.echo_bytes, args=(b, n + 200))
-    p.start()
+WARM = 200  # round trips before timing: connected, warm
+
+
+def _round_trip_us(send: Callable[[bytes], Any], recv: Callable[[], Any], n: int) -> float:
+    """Microseconds per 100-byte round trip (send, then the echo's recv), after WARM ones."""
     payload = b"x" * 100
-    for _ in range(200):  # connected and warm
-        a.send_bytes(payload)
-        a.recv_bytes()
+    for _ in range(WARM):
+        send(payload)
+        recv()
     t0 = time.perf_counter()
     for _ in range(n):
-        a.send_bytes(payload)
-        a.recv_bytes()
-    elapsed = time.perf_counter() - t0
+        send(payload)
+        recv()
+    return (time.perf_counter() - t0) / n * 1e6
+
+
+def pipe_rtt(lib: Any, n: int) -> float:
+    a, b = lib.Pipe()
+    p = lib.Process(target=T.echo_bytes, args=(b, n + WARM))
+    p.start()
+    micros = _round_trip_us(a.send_bytes, a.recv_bytes, n)
     p.join(30)
-    return elapsed / n * 1e6
+    return micros
 
 
 def queue_rtt(lib: Any, n: int) -> float:
     inq, outq = lib.Queue(), lib.Queue()
     p = lib.Process(target=T.echo_queue, args=(inq, outq))
     p.start()
-    payload = b"x" * 100
-    for _ in range(200):
-        inq.put(payload)
-        outq.get()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        inq.put(payload)
-        outq.get()
-    elapsed = time.perf_counter() - t0
+    micros = _round_trip_us(inq.put, outq.get, n)
     inq.put(None)
     outq.get()
     p.join(30)
-    return elapsed / n * 1e6
+    return micros
 
 
 def apply_rtt(lib: Any, workers: int, n: int) -> float:

@@ -211,10 +211,14 @@ class Connection:
             # Connected already (the common case): on an idle line, one message of one part
             # goes out here in one step; otherwise through the sender (order, bursts).
             try:
-                if len(parts) == 1 and sender.idle() and self._channel is not None \
-                        and self._channel.send_one(op, parts[0]):
-                    sender.sent_aside()
-                    return
+                channel = self._channel
+                if sender.idle() and channel is not None and channel.has_peer:
+                    try:
+                        channel.send([(op, parts)])
+                        sender.sent_aside()
+                        return
+                    except TransportTimeout:  # the peer left meanwhile: the sender waits for one
+                        pass
                 sender.put((op, parts))
                 return
             except TransportClosed as exc:

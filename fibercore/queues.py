@@ -198,12 +198,9 @@ class _Broker:
             self._append(parts)
             sends: list[tuple[Hashable, list[Any]]] = []
             if self.waiting or self.local_getters:  # wake only who waits for an item
-                # A remote reader waits: answer it from this thread when no other is sending
-                # (as the receive thread does), not through a hand-off to the dispatch thread.
-                if self.waiting and not self.sending:
-                    sends = self._take_sends()
-                    if sends:
-                        self.sending = True
+                # A remote reader waits: answer it from this thread (as the receive thread
+                # does), not through a hand-off to the dispatch thread.
+                sends = self._sends_for_this_thread() if self.waiting else []
                 self._changed()
         if sends:
             self._send_replies(sends, block=False)
@@ -303,9 +300,7 @@ class _Broker:
                     self.channel.pause(peer)
                 # Answer at once from this thread when no other is sending (a hand-off to
                 # the dispatch thread costs a GIL switch, up to 5 ms in a busy process).
-                sends = [] if self.sending else self._take_sends()
-                if sends:
-                    self.sending = True
+                sends = self._sends_for_this_thread()
                 self._changed()
             if sends:
                 self._send_replies(sends, block=False)
@@ -384,6 +379,14 @@ class _Broker:
             self.sending = False
             if self.outbox:
                 self._changed()
+
+    def _sends_for_this_thread(self) -> list[tuple[Hashable, list[Any]]]:
+        """Replies this thread may send itself, with ``block=False`` (cv held): none while
+        another thread sends (replies leave in the order they were made)."""
+        sends = [] if self.sending else self._take_sends()
+        if sends:
+            self.sending = True
+        return sends
 
     def _take_sends(self) -> list[tuple[Hashable, list[Any]]]:
         """Replies due now (cv held): the outbox, then batches for the waiting readers."""

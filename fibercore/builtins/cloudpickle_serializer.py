@@ -32,7 +32,7 @@ import sys
 import threading
 import types
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import cloudpickle
@@ -79,8 +79,7 @@ def _plain_data(obj: Any) -> bool:
             if item.dtype.hasobject:
                 return False
         elif generic is not None and isinstance(item, generic) and kind.__module__ == "numpy":
-            if kind is np.object_:  # pragma: no cover - numpy gives the object itself
-                return False
+            continue  # a numpy scalar (there is no object scalar: numpy gives the object itself)
         else:
             return False
     return True
@@ -274,6 +273,20 @@ _pickled_functions: weakref.WeakKeyDictionary[types.FunctionType, tuple[Any, lis
     weakref.WeakKeyDictionary()
 
 
+def _out_of_band(buffers: list[Any]) -> Callable[[pickle.PickleBuffer], bool]:
+    """A pickler's ``buffer_callback``: big buffers go to ``buffers`` (sent without a copy),
+    small ones stay in band (cheaper there)."""
+
+    def keep(buf: pickle.PickleBuffer) -> bool:
+        raw = buf.raw()
+        if raw.nbytes < _OOB_MIN:
+            return True
+        buffers.append(raw)
+        return False
+
+    return keep
+
+
 class CloudpickleSerializer:
     name = "cloudpickle"
 
@@ -297,28 +310,12 @@ class CloudpickleSerializer:
 
     def _dumps_plain(self, obj: Any) -> list[Any]:
         buffers: list[Any] = []
-
-        def keep(buf: pickle.PickleBuffer) -> bool:
-            raw = buf.raw()
-            if raw.nbytes < _OOB_MIN:
-                return True
-            buffers.append(raw)
-            return False
-
-        return [pickle.dumps(obj, protocol=5, buffer_callback=keep), *buffers]
+        return [pickle.dumps(obj, protocol=5, buffer_callback=_out_of_band(buffers)), *buffers]
 
     def _dumps(self, obj: Any) -> list[Any]:
         buffers: list[Any] = []
-
-        def keep(buf: pickle.PickleBuffer) -> bool:
-            raw = buf.raw()
-            if raw.nbytes < _OOB_MIN:
-                return True  # serialize in band
-            buffers.append(raw)
-            return False
-
         with io.BytesIO() as out:
-            _Pickler(out, protocol=5, buffer_callback=keep).dump(obj)
+            _Pickler(out, protocol=5, buffer_callback=_out_of_band(buffers)).dump(obj)
             data = out.getvalue()
         return [data, *buffers]
 

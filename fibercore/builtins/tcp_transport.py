@@ -55,7 +55,7 @@ from fibercore.errors import (
 from fibercore.hookspecs import hookimpl
 from fibercore.transport import PeerCallback
 from fibercore.util import machine_identity
-from fibercore.wire.frames import reject
+from fibercore.wire.frames import nbytes, reject
 from fibercore.wire.handshake import (
     MAX_HANDSHAKE_FRAME,
     Authenticator,
@@ -93,6 +93,7 @@ _DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0)
 DEFAULT_SPIN = 200e-6
 #: Seconds between two looks at how many tasks this machine runs (:func:`cpu_to_spare`).
 LOAD_LOOK_EVERY = 0.005
+_TIMEVAL = struct.Struct("@ll")
 
 
 def _usable_cpus() -> int:
@@ -153,7 +154,6 @@ def cpu_to_spare() -> bool:
         running = _CPUS + 1
     look[0], look[1] = now, running <= _CPUS
     return look[1]
-_TIMEVAL = struct.Struct("@ll")
 
 
 class _Broken(Exception):
@@ -227,9 +227,7 @@ class _Conn:
     def write(self, parts: list[Any], block: bool = True, deadline: float | None = None) -> None:
         """Write one frame (the parts back to back) as records; all or, with block=False, nothing
         (once part of it is out, the rest within :data:`PARTIAL_WAIT`, or the connection breaks)."""
-        total = 0
-        for part in parts:
-            total += part.nbytes if type(part) is memoryview else len(part)
+        total = sum(map(nbytes, parts))
         if total <= RECORD_MAX:
             iov = [_HEADER.pack(total), *parts]
             if block and deadline is None and not self.tls and len(iov) <= _IOV_MAX:
@@ -346,11 +344,10 @@ class _Conn:
         connection must be :attr:`idle`. Raises what :meth:`pump` raises."""
         scratch = self._scratch
         n = self._recv_into(scratch, True)
-        if n >= 4:
-            (word,) = _HEADER.unpack_from(scratch)
-            if n == 4 + word and word <= self.max_record and word <= self.max_frame:
-                return memoryview(scratch[4:n])  # a copy: the scratch buffer is read into again
-        self._parse(memoryview(scratch)[:n], deliver)
+        view = memoryview(scratch)[:n]
+        if self._whole_record(view) == n:
+            return memoryview(scratch[4:n])  # a copy: the scratch buffer is read into again
+        self._parse(view, deliver)
         if n == len(scratch):  # more may wait behind
             try:
                 self.pump(deliver)
@@ -421,11 +418,9 @@ class _Conn:
 
     def _parse(self, view: memoryview, deliver: Callable[[memoryview], None]) -> None:
         while view:
-            if self._body is None and self._hpos == 0 and not self._records and len(view) >= 4:
-                # The usual case: a whole one-record frame in what was read (one copy).
-                (word,) = _HEADER.unpack_from(view)
-                end = 4 + word
-                if word <= self.max_record and word <= self.max_frame and len(view) >= end:
+            if self._body is None and self._hpos == 0 and not self._records:
+                end = self._whole_record(view)
+                if end:  # the usual case: a whole one-record frame in what was read (one copy)
                     frame = bytearray(view[4:end])
                     view = view[end:]
                     deliver(memoryview(frame))
@@ -455,6 +450,16 @@ class _Conn:
             view = view[take:]
             if self._bpos == len(self._body):
                 self._end_record(deliver)
+
+    def _whole_record(self, view: memoryview) -> int:
+        """Where a one-record frame that ``view`` begins with ends, when it is all there and
+        within the limits; 0 otherwise (then the record is parsed piece by piece)."""
+        if len(view) < 4:
+            return 0
+        (word,) = _HEADER.unpack_from(view)  # the "more" bit set: over any max_record
+        if word > self.max_record or word > self.max_frame or len(view) < 4 + word:
+            return 0
+        return 4 + word
 
     def _end_record(self, deliver: Callable[[memoryview], None]) -> None:
         body, self._body = self._body, None

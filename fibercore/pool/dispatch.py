@@ -154,7 +154,6 @@ class Dispatch:
                     index += 1
                 if group:
                     self.add_chunks(batch, group)
-                    group = []
             except Exception as exc:
                 if not lazy:
                     raise

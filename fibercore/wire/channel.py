@@ -16,11 +16,10 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Hashable, Sequence
-from typing import Any
 
 from fibercore.errors import TransportTimeout
 from fibercore.transport import Endpoint
-from fibercore.wire.frames import BadFrame, Message, Messages, StreamSealer, reject
+from fibercore.wire.frames import BadFrame, Message, Messages, reject
 from fibercore.wire.handshake import Session
 
 #: Seconds a send on a listening pair waits for a peer before it raises TransportTimeout
@@ -109,31 +108,6 @@ class Channel:
                     self.endpoint.send_parts(session.sealer.seal(batch), session)
             finally:
                 session.sending = None
-
-    def send_one(self, op: int, part: Any) -> bool:
-        """The hot path of :meth:`send` for one message of one part to the default peer, on a
-        private stream (:class:`~fibercore.wire.frames.StreamSealer`): sealed and handed to
-        the endpoint in one step. False (nothing sent) where the general path must take it: a
-        network stream, no peer yet, or a send already under way on this thread."""
-        if not self.listening:
-            session = self.endpoint.peer  # type: ignore[attr-defined]
-        elif self.kind == "pair" and self._peers:
-            session = self._peers[-1]
-        else:
-            return False
-        sealer = session.sealer
-        if type(sealer) is not StreamSealer or session.sending is not None:
-            return False
-        with session.lock:
-            session.sending = threading.get_ident()
-            try:
-                self.endpoint.send_parts(sealer.seal_one(op, part), session)
-                while session.deferred:
-                    batch, session.deferred = session.deferred, []
-                    self.endpoint.send_parts(sealer.seal(batch), session)
-            finally:
-                session.sending = None
-        return True
 
     # -- receiving ------------------------------------------------------------------------
     def recv(self, timeout: float | None = None) -> tuple[Messages, Hashable]:

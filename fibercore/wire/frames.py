@@ -104,9 +104,8 @@ class Sealer:
         if len(messages) == 1:
             op, parts = messages[0]
             if len(parts) == 1:  # the usual message (a pickle): its words in one call
-                part = parts[0]
-                n = part.nbytes if type(part) is memoryview else len(part)
-                return _ONE.pack(self._counter, 6, 1, op, 1, n), [part], n
+                n = nbytes(parts[0])
+                return _ONE.pack(self._counter, 6, 1, op, 1, n), [parts[0]], n
         words = array("Q", [self._counter, 0, len(messages)])
         payload: list[Any] = []
         size = 0
@@ -216,12 +215,6 @@ class StreamSealer(Sealer):
         self._counter += 1
         head, payload, _ = self._layout(messages)
         return [_NO_TAG, head, *payload]
-
-    def seal_one(self, op: int, part: Any) -> list[Any]:
-        """The frame of one message of one part (what :meth:`seal` makes of ``[(op, [part])]``)."""
-        self._counter += 1
-        n = part.nbytes if type(part) is memoryview else len(part)
-        return [_NO_TAG, _ONE.pack(self._counter, 6, 1, op, 1, n), part]
 
 
 class StreamOpener(Opener):
