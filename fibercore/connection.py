@@ -32,6 +32,7 @@ from fibercore.lifetime import at_process_end, current_pid
 from fibercore.runtime import adopt_credentials, credentials_for_child, get_runtime
 from fibercore.serialization import dumps_or_explain
 from fibercore.wire import Channel, Sender
+from fibercore.wire.channel import Lane
 
 OBJ, BYTES, CLOSE = 1, 2, 3
 _homes: dict[str, _PipeHome] = {}
@@ -135,6 +136,8 @@ class Connection:
         self._readable = readable
         self._writable = writable
         self._channel: Channel | None = None
+        self._lane: Lane | None = None  # a dialled end's fast path (the transport's lane)
+        self._home_lane: Lane | None = None  # the home end's, to its one peer (re-made when it changes)
         self._owns_home = False
         self._sender: Sender | None = None
         self._inbox: deque[tuple[int, list[Any]]] = deque()
@@ -155,6 +158,7 @@ class Connection:
         self._pid = os.getpid()
         self._lock = threading.Lock()
         self._channel = None
+        self._lane = self._home_lane = None
         self._sender = None
         self._owns_home = False
         self._ready, self._watcher, self._filed = None, None, threading.Condition()
@@ -180,8 +184,22 @@ class Connection:
                 self._owns_home = True
             else:
                 self._channel = get_runtime().dial("pair", self._address, service="pipe")
+                self._lane = self._channel.lane()
             self._channel.on_peer_event(self._on_peer)
             return self._channel
+
+    def _lane_to_peer(self) -> Lane | None:
+        """The home end's lane while one peer is connected to it (None otherwise)."""
+        channel = self._channel
+        if not self._owns_home or channel is None:
+            return None
+        peer = channel.only_peer
+        if peer is None:
+            return None
+        lane = self._home_lane
+        if lane is None or lane.session is not peer:
+            lane = self._home_lane = channel.lane(peer)
+        return lane
 
     def _on_peer(self, peer: Any, added: bool) -> None:
         channel = self._channel
@@ -206,19 +224,34 @@ class Connection:
         return home, peer
 
     def _send(self, op: int, parts: list[Any]) -> None:
+        lane = self._lane
+        if lane is not None and not self._closed and not self._eof and self._pid == current_pid():
+            # A dialled end: every message leaves from the caller's thread (blocking while the
+            # socket's buffer is full, as an OS pipe does), so nothing is ever left to flush.
+            try:
+                lane.send(op, parts)
+                return
+            except TransportClosed as exc:
+                raise BrokenPipeError(f"the other end of the pipe {self._address} is gone: {exc}") from None
         sender = self._sender
         if sender is not None and not self._closed and self._pid == current_pid() and not self._eof:
             # Connected already (the common case): on an idle line, one message of one part
             # goes out here in one step; otherwise through the sender (order, bursts).
             try:
-                channel = self._channel
-                if sender.idle() and channel is not None and channel.has_peer:
-                    try:
-                        channel.send([(op, parts)])
+                if sender.idle():
+                    lane = self._lane_to_peer()
+                    if lane is not None:
+                        lane.send(op, parts)
                         sender.sent_aside()
                         return
-                    except TransportTimeout:  # the peer left meanwhile: the sender waits for one
-                        pass
+                    channel = self._channel
+                    if channel is not None and channel.has_peer:
+                        try:
+                            channel.send([(op, parts)])
+                            sender.sent_aside()
+                            return
+                        except TransportTimeout:  # the peer left meanwhile: the sender waits for one
+                            pass
                 sender.put((op, parts))
                 return
             except TransportClosed as exc:
@@ -240,6 +273,9 @@ class Connection:
             return
         if self._sender is None or self._pid != current_pid():
             channel = self._connect()
+            if self._lane is not None:
+                self._send(op, parts)
+                return
             with self._lock:
                 if self._sender is None:
                     at_process_end(_flush_all)
@@ -262,6 +298,27 @@ class Connection:
 
     def _next(self, timeout: float | None) -> tuple[int, list[Any]]:
         """Next message; raises TransportTimeout after ``timeout``, EOFError at the end."""
+        lane = self._lane or self._lane_to_peer()
+        if (lane is not None and not self._inbox and self._watcher is None and not self._eof
+                and not self._closed and self._readable and self._pid == current_pid()):
+            # Connected, nothing buffered (a stepped simulator and its master): the lane. In
+            # the process holding the home it waits in steps, as the general path does, which
+            # also watches the other end closing there without a word.
+            started = time.monotonic() if timeout else 0.0
+            wait = timeout if self._creator_pid != current_pid() else 0.5 if timeout is None else min(timeout, 0.5)
+            try:
+                messages = lane.recv(wait)
+            except TransportClosed:
+                self._set_eof()
+                raise EOFError("the pipe was closed") from None
+            if messages is not None:
+                if len(messages) == 1 and messages[0][0] != CLOSE and self._ready is None:
+                    return messages[0]
+                self._file(messages)
+                if self._inbox:
+                    return self._take()
+            if timeout:
+                timeout = max(0.0, timeout - (time.monotonic() - started))
         channel = self._channel
         if (channel is not None and not self._inbox and self._watcher is None and not self._closed
                 and self._readable and self._pid == current_pid()):
@@ -326,6 +383,11 @@ class Connection:
             raise EOFError("the pipe was closed") from None
         if direct and len(messages) == 1 and messages[0][0] != CLOSE and not self._inbox and self._ready is None:
             return messages[0]
+        self._file(messages)
+        return None
+
+    def _file(self, messages: list[tuple[int, list[Any]]]) -> None:
+        """Put received messages in the inbox; a CLOSE ends the pipe unless the other end still writes."""
         for op, parts in messages:
             if op == CLOSE:
                 if not self._twin_still_writes():

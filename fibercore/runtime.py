@@ -159,6 +159,10 @@ def setup_job_logging(process_name: str) -> None:
     _setup_logging(get_runtime().config, process_name)
 
 
+def _secret_lines(text: str) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+
+
 def _read_secret_fd(fd: int) -> dict[str, str]:
     """``KEY=value`` lines from an inherited descriptor (the local backend's), which is then closed."""
     chunks = []
@@ -167,8 +171,7 @@ def _read_secret_fd(fd: int) -> dict[str, str]:
             chunks.append(chunk)
     finally:
         os.close(fd)
-    lines = b"".join(chunks).decode().splitlines()
-    return dict(line.split("=", 1) for line in lines if "=" in line)
+    return _secret_lines(b"".join(chunks).decode())
 
 
 def _take_inherited_secret() -> dict[str, str]:
@@ -185,6 +188,13 @@ def _take_inherited_secret() -> dict[str, str]:
 
 
 _inherited_secret = _take_inherited_secret()
+
+
+def adopt_inherited_secret(lines: str) -> None:
+    """``KEY=value`` lines handed over other than by descriptor (a job forked by the local
+    backend's template, which imported fibercore before the job existed)."""
+    _inherited_secret.clear()
+    _inherited_secret.update(_secret_lines(lines))
 
 
 def _session_from_env(plugins: Plugins, cfg: _config.Config) -> tuple[str, bytes] | None:

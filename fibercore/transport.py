@@ -84,6 +84,25 @@ class Endpoint(Protocol):
 
 
 @runtime_checkable
+class LaneEndpoint(Protocol):
+    """Optional: a receive for the caller's thread, without hand-offs (a connected Pipe end's
+    hot path, :class:`fibercore.wire.channel.Lane`). The core uses it where an endpoint has it.
+
+    ``recv_frame(timeout, peer)``:
+
+    1. returns the next frame when it comes from ``peer`` (a dialler: its one peer) and the
+       endpoint can read it on this thread now: ``peer`` is its only connection, no frame
+       waits for ``recv`` and no other thread reads; it waits at most ``timeout`` seconds
+       (None: until a frame comes or the connection ends);
+    2. otherwise returns None, at once or after waiting (at most ``timeout``): what it read
+       meanwhile stays queued for ``recv``, in order (a frame never overtakes an older one);
+    3. raises TransportClosed once ``peer``'s connection ended.
+    """
+
+    def recv_frame(self, timeout: float | None, peer: Hashable) -> memoryview | None: ...
+
+
+@runtime_checkable
 class Transport(Protocol):
     """Opens endpoints. One instance per process, resolved once by the core."""
 

@@ -183,11 +183,17 @@ def main() -> int:
     return exitcode
 
 
-if __name__ == "__main__":
+def run() -> int:
+    """Run this job to its end (as ``python -m fibercore.worker``, or forked by a backend's
+    template process): its exit code, for ``os._exit``."""
     try:
         code = main()
     except KeyboardInterrupt:  # the terminal's Ctrl-C while starting or ending, not in user code
         exit_job(None, 128 + 2)
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(code)
+    return code
+
+
+if __name__ == "__main__":
+    os._exit(run())

@@ -415,7 +415,8 @@ def test_resize_2_8_3_during_imap_loses_nothing():
 def test_adaptive_pool_grows_with_the_backlog_and_shrinks_when_idle():
     with mp.Pool(min_processes=1, max_processes=4, idle_timeout=0.5) as p:
         assert p.size == 1
-        r = p.map_async(T.slow_square, [(x) for x in range(40)], 1)
+        # 2 s of work for one worker: a backlog even when a job starts in milliseconds (forked)
+        r = p.map_async(functools.partial(T.slow_square, seconds=0.05), range(40), 1)
         deadline = time.monotonic() + 20
         while p.size < 4 and time.monotonic() < deadline:
             time.sleep(0.02)

@@ -589,6 +589,7 @@ class TcpListener:
         self._own = selectors.DefaultSelector()
         self._last_frame = 0.0  # when a frame last arrived (a listener spins only while busy)
         self._reading = threading.Lock()
+        self._lane: tuple[_Conn, Any] | None = None  # recv_frame's connection and its poll object
         self._todo: collections.deque[Callable[[], None]] = collections.deque()
         r, w = os.pipe()
         os.set_blocking(r, False)
@@ -881,6 +882,51 @@ class TcpListener:
                     self._cv.notify()  # a waiting thread may take over the reading
             polled = True
 
+    def recv_frame(self, timeout: float | None, peer: Hashable) -> memoryview | None:
+        """:class:`fibercore.transport.LaneEndpoint`: ``peer``'s next frame, read on this
+        thread, while ``peer`` is the only connection (a Pipe's home with its one child).
+        One poll of that socket and this listener's wake-up pipe (anything that changes,
+        such as a second peer, wakes it and returns None: :meth:`recv` takes over)."""
+        conn = self._peers.get(peer)  # type: ignore[arg-type]
+        if (conn is None or len(self._peers) != 1 or self._inbox or self._todo or self._closed
+                or not conn.idle or (timeout is not None and timeout <= 0) or self._wake is None):
+            return None
+        if not self._reading.acquire(False):
+            return None
+        try:
+            if self._inbox or self._todo or self._closed:
+                return None
+            lane = self._lane
+            if lane is None or lane[0] is not conn:
+                poller = select.poll()
+                poller.register(conn.sock.fileno(), select.POLLIN)
+                poller.register(self._wake[0], select.POLLIN)
+                lane = self._lane = (conn, poller)
+            poll = lane[1].poll
+            ready: list[tuple[int, int]] = []
+            if self._spin > 0 and time.perf_counter() - self._last_frame < SPIN_AFTER \
+                    and self._spin_gate.open():  # busy, and a CPU to spare: the next frame is likely soon
+                end = time.perf_counter() + self._spin
+                while not ready and time.perf_counter() < end:
+                    ready = poll(0)
+                self._spin_gate.result(bool(ready))
+            if not ready:
+                ready = poll(-1 if timeout is None else min(timeout, IDLE_STEP) * 1000)
+            if len(ready) != 1 or ready[0][0] != conn.sock.fileno():
+                return None  # the time passed, or something changed: recv() looks
+            try:
+                frame = conn.read_one(lambda f: self._inbox.append((f, peer)))
+            except _WOULD_BLOCK:
+                return None
+            except (_Broken, OSError, ValueError):
+                self._unwatch(conn)
+                self._reactor.call(lambda: self._drop(conn))
+                return None
+            self._last_frame = time.perf_counter()
+            return frame
+        finally:
+            self._reading.release()
+
     def _read_own(self, timeout: float | None) -> list[tuple[memoryview, Session]]:
         """Poll the connections (spinning briefly, then sleeping) for up to ``timeout``
         (at most :data:`READ_STEP`); the frames that arrived, in order."""
@@ -1027,25 +1073,41 @@ class TcpDialer:
             self._gone(str(exc))
             raise TransportClosed(f"the connection to {self.address} is gone: {exc}") from None
 
-    def recv(self, timeout: float | None = None) -> tuple[memoryview, Hashable]:
+    def recv_frame(self, timeout: float | None = None, peer: Hashable = None) -> memoryview | None:
+        """:class:`fibercore.transport.LaneEndpoint`: one waiting read that brings exactly one
+        whole frame, returned; None when this path is not open now (another thread reads,
+        frames wait, a frame arrived in pieces: what was read is kept in order) and after
+        ``timeout`` without a frame. Raises TransportClosed when the connection ended."""
         conn = self._conn
-        if (not self._inbox and conn.idle and self._broken is None and not self._closed
-                and (timeout is None or timeout > 0) and self._rlock.acquire(False)):
+        if self._inbox or self._broken is not None or self._closed or not conn.idle:
+            return None
+        if not self._rlock.acquire(False):
+            return None
+        try:
+            if timeout is not None and timeout <= 0:
+                return None
+            conn.wait_at_most(timeout)
+            try:
+                return conn.read_one(self._inbox.append)
+            except _WOULD_BLOCK:
+                return None
+            except _Broken as exc:
+                self._gone(str(exc))
+                raise TransportClosed(f"the connection to {self.address} is gone: {exc}") from None
+        finally:
+            self._rlock.release()
+
+    def recv(self, timeout: float | None = None) -> tuple[memoryview, Hashable]:
+        if not self._inbox and (timeout is None or timeout > 0):
             # The hot path (a simulator waiting for its next action): one blocking read that
             # brings exactly one whole frame. Anything else is parsed as usual, below.
             started = time.monotonic() if timeout is not None else 0.0
             try:
-                if not self._inbox and conn.idle and self._broken is None:
-                    conn.wait_at_most(timeout)
-                    frame = conn.read_one(self._inbox.append)
-                    if frame is not None:
-                        return frame, self.peer
-            except _WOULD_BLOCK:
-                pass
-            except _Broken as exc:
-                self._gone(str(exc))
-            finally:
-                self._rlock.release()
+                frame = self.recv_frame(timeout)
+            except TransportClosed:
+                frame = None
+            if frame is not None:
+                return frame, self.peer
             if self._inbox:
                 timeout = 0.0  # what that read brought is taken below, without waiting
             elif timeout is not None:

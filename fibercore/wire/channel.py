@@ -16,9 +16,10 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Hashable, Sequence
+from typing import Any
 
 from fibercore.errors import TransportTimeout
-from fibercore.transport import Endpoint
+from fibercore.transport import Endpoint, LaneEndpoint
 from fibercore.wire.frames import BadFrame, Message, Messages, reject
 from fibercore.wire.handshake import Session
 
@@ -74,6 +75,12 @@ class Channel:
     def peer_count(self) -> int:
         return len(self._peers)
 
+    @property
+    def only_peer(self) -> Session | None:
+        """A listening channel's peer while it has exactly one (a Pipe's home and its child)."""
+        peers = self._peers
+        return peers[0] if len(peers) == 1 else None
+
     def on_peer_event(self, callback: Callable[[Hashable, bool], None]) -> None:
         """``callback(peer, added)`` when an authenticated peer arrives or leaves."""
         self.endpoint.on_peer_event(callback)
@@ -93,21 +100,17 @@ class Channel:
         else:
             session = self.endpoint.peer  # type: ignore[attr-defined]
         assert isinstance(session, Session)
-        me = threading.get_ident()
-        if session.sending == me:
-            # Re-entered on this thread while it sends (a GC finalizer, a proxy's decref):
-            # the outer send carries these next, never bytes interleaved mid-frame.
-            session.deferred.extend(messages)
-            return
-        with session.lock:  # frames of one connection leave in counter order
-            session.sending = me
-            try:
-                self.endpoint.send_parts(session.sealer.seal(messages), session, block=block)
-                while session.deferred:
-                    batch, session.deferred = session.deferred, []
-                    self.endpoint.send_parts(session.sealer.seal(batch), session)
-            finally:
-                session.sending = None
+        transmit(session, messages, self.endpoint.send_parts, block)
+
+    def lane(self, peer: Session | None = None) -> Lane | None:
+        """The fast path to ``peer`` (a dialler: its one peer), when the transport offers one
+        (:class:`~fibercore.transport.LaneEndpoint`); None otherwise."""
+        if not isinstance(self.endpoint, LaneEndpoint):
+            return None
+        session = peer if peer is not None else None if self.listening else self.endpoint.peer  # type: ignore[attr-defined]
+        if not isinstance(session, Session):
+            return None
+        return Lane(self, session)
 
     # -- receiving ------------------------------------------------------------------------
     def recv(self, timeout: float | None = None) -> tuple[Messages, Hashable]:
@@ -125,14 +128,15 @@ class Channel:
             while True:
                 remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
                 data, peer = self.endpoint.recv(remaining)
-                try:
-                    if not isinstance(peer, Session):
-                        raise BadFrame("the transport delivered a frame from a connection that did not authenticate")
-                    return peer.opener.open(data), peer
-                except BadFrame as exc:
-                    reject(self.address, peer, str(exc))
-                    if deadline is not None and time.monotonic() >= deadline:
-                        raise TransportTimeout("only refused frames arrived") from None
+                if not isinstance(peer, Session):
+                    reject(self.address, peer, "the transport delivered a frame from a connection that did not authenticate")
+                    messages = []
+                else:
+                    messages = self.open_frame(data, peer)
+                if messages:
+                    return messages, peer
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise TransportTimeout("only refused frames arrived") from None
         finally:
             self._receiving.release()
 
@@ -159,8 +163,75 @@ class Channel:
     def close(self) -> None:
         self.endpoint.close()
 
+    def open_frame(self, frame: bytes | memoryview, peer: Session) -> Messages:
+        """``frame``'s messages once authentic; a refused frame is counted and gives none."""
+        try:
+            return peer.opener.open(frame)
+        except BadFrame as exc:
+            reject(self.address, peer, str(exc))
+            return []
+
     def __repr__(self) -> str:
         return f"<Channel {self.kind} {'listening on' if self.listening else 'to'} {self.address}>"
 
 
-__all__ = ["Channel", "PAIR_SEND_SLICE"]
+def transmit(session: Session, messages: Sequence[Message], send_parts: Callable[..., None], block: bool = True) -> None:
+    """Seal ``messages`` into one frame of ``session`` and pass it to ``send_parts(parts, session, block)``.
+
+    Sealing and sending happen under the session's lock, so frames leave in counter order.
+    """
+    me = threading.get_ident()
+    if session.sending == me:
+        # Re-entered on this thread while it sends (a GC finalizer, a proxy's decref):
+        # the outer send carries these next, never bytes interleaved mid-frame.
+        session.deferred.extend(messages)
+        return
+    with session.lock:
+        session.sending = me
+        try:
+            send_parts(session.sealer.seal(messages), session, block)
+            while session.deferred:
+                batch, session.deferred = session.deferred, []
+                send_parts(session.sealer.seal(batch), session, True)
+        finally:
+            session.sending = None
+
+
+class Lane:
+    """One peer of a channel used on the caller's thread with the fewest layers: a connected
+    Pipe end's sends and receives (a stepped simulator's hot path). Frames are sealed, opened
+    and ordered exactly as through the channel, whose other paths stay usable beside it."""
+
+    __slots__ = ("channel", "session", "_send_parts", "_recv_frame", "_receiving")
+
+    def __init__(self, channel: Channel, session: Session) -> None:
+        self.channel = channel
+        self.session = session
+        self._send_parts = channel.endpoint.send_parts
+        self._recv_frame = channel.endpoint.recv_frame  # type: ignore[attr-defined]
+        self._receiving = channel._receiving
+
+    def send(self, op: int, parts: Sequence[Any]) -> None:
+        """One message, in one frame, sent from this thread (blocks while buffers are full)."""
+        transmit(self.session, [(op, parts)], self._send_parts)
+
+    def recv(self, timeout: float | None) -> Messages | None:
+        """The next frame's messages from this peer; None when this path is not open now (then
+        :meth:`Channel.recv` takes what waits) or nothing came within ``timeout``.
+        Raises TransportClosed when the connection ended."""
+        if not self._receiving.acquire(False):
+            return None
+        try:
+            frame = self._recv_frame(timeout, self.session)
+            if frame is None:
+                return None
+            try:
+                return self.session.opener.open(frame)
+            except BadFrame as exc:
+                reject(self.channel.address, self.session, str(exc))
+                return []
+        finally:
+            self._receiving.release()
+
+
+__all__ = ["Channel", "Lane", "PAIR_SEND_SLICE", "transmit"]

@@ -48,8 +48,10 @@ _ONE_SHOT_MAX = 64 << 10  # smaller frames are joined and tagged in one call
 _FIXED_WORDS = 3  # counter, nwords, nmsgs
 #: How far behind the newest accepted counter a frame may be and still be accepted (once).
 REPLAY_WINDOW = 64
+_WINDOW_MASK = (1 << REPLAY_WINDOW) - 1
 
 _ONE = struct.Struct("<6Q")  # the words of a frame of one message in one part
+_STREAM_ONE = struct.Struct("<16x6Q")  # the same behind a private stream's all-zero tag
 _U64 = struct.Struct("<Q")
 _U64x3 = struct.Struct("<3Q")
 
@@ -166,7 +168,7 @@ class Opener:
         with self._lock:
             if counter > self._last:
                 shift = counter - self._last
-                self._seen = ((self._seen << shift) | 1) & ((1 << REPLAY_WINDOW) - 1)
+                self._seen = ((self._seen << shift) | 1) & _WINDOW_MASK
                 self._last = counter
             else:
                 behind = self._last - counter
@@ -213,6 +215,10 @@ class StreamSealer(Sealer):
 
     def seal(self, messages: Sequence[Message]) -> list[Any]:
         self._counter += 1
+        if len(messages) == 1:
+            op, parts = messages[0]
+            if len(parts) == 1:  # the usual message: zero tag and words in one call
+                return [_STREAM_ONE.pack(self._counter, 6, 1, op, 1, nbytes(parts[0])), parts[0]]
         head, payload, _ = self._layout(messages)
         return [_NO_TAG, head, *payload]
 
@@ -224,17 +230,19 @@ class StreamOpener(Opener):
         return view[TAG_SIZE:]
 
     def open(self, frame: bytes | memoryview) -> Messages:
-        view = memoryview(frame)
+        view = frame if type(frame) is memoryview else memoryview(frame)
         if view.ndim != 1 or view.itemsize != 1 or len(view) < TAG_SIZE + 48:
             return super().open(frame)
-        (counter,) = _U64.unpack_from(view, TAG_SIZE)
+        counter, nwords, nmsgs, op, nparts, size = _STREAM_ONE.unpack_from(view)
         with self._lock:
             following = counter == self._last + 1  # the usual case: the next one
             if following:
-                self._seen = ((self._seen << 1) | 1) & ((1 << REPLAY_WINDOW) - 1)
+                self._seen = ((self._seen << 1) | 1) & _WINDOW_MASK
                 self._last = counter
         if not following:  # the general rule decides (a replay, or threads out of order)
             return super().open(frame)
+        if nwords == 6 and nmsgs == 1 and nparts == 1 and size == len(view) - 64:
+            return [(op, [view[64:]])]  # one message in one part, read in one call
         return _split(view[TAG_SIZE:])
 
 

@@ -16,9 +16,11 @@ machine); images and volumes.
 from __future__ import annotations
 
 import os
+import pickle
 import selectors
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -96,11 +98,178 @@ _pump = _LogPump()
 
 
 class LocalJob:
-    """What the local backend keeps per job."""
+    """What the local backend keeps per job: its process (a Popen, or a :class:`Forked`) and output tail."""
 
-    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
+    def __init__(self, popen: subprocess.Popen[bytes] | Forked) -> None:
         self.popen = popen
         self.tail = bytearray()
+
+
+#: Set in the template process's environment (and so in every job it forks, whose
+#: ``/proc/<pid>/environ`` is the template's): such a job's name is in its ``comm``.
+TEMPLATE_ENV = "FIBERCORE_LOCAL_TEMPLATE"
+#: The template's own ``comm`` (a job it forks names itself at once).
+TEMPLATE_COMM = "fiber-template"
+#: Seconds the template may take to import fibercore and report ready, and to answer a request.
+TEMPLATE_TIMEOUT = 30.0
+
+
+class Template:
+    """The master's side of its template process (:mod:`fiber_local.template`): asks it to
+    fork jobs, and learns their pids and exit statuses from it (they are its children)."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self._sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self.popen = subprocess.Popen(
+                [sys.executable, "-m", "fiber_local.template", str(theirs.fileno())],
+                env=env, stdin=subprocess.DEVNULL, close_fds=True, pass_fds=(theirs.fileno(),))
+        finally:
+            theirs.close()
+        self._sock.settimeout(TEMPLATE_TIMEOUT)
+        try:
+            ready = self._sock.recv(4096)
+        except OSError:
+            ready = b""
+        if not ready:
+            self.close()
+            raise OSError("the local template process did not start (see its output above)")
+        self._sock.settimeout(None)
+        self._cv = threading.Condition()
+        self._next = 0
+        self._replies: dict[int, tuple[Any, ...]] = {}
+        self.exits: dict[int, int] = {}
+        self.alive = True
+        threading.Thread(target=self._read, name="fiber-local-template", daemon=True).start()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                data = self._sock.recv(65536)
+            except OSError:
+                data = b""
+            if not data:
+                break
+            message = pickle.loads(data)  # from our own child, over a pair of sockets only we hold
+            with self._cv:
+                if message[0] == "exit":
+                    self.exits[message[1]] = message[2]
+                else:
+                    self._replies[message[1]] = message
+                self._cv.notify_all()
+        with self._cv:
+            self.alive = False
+            self._cv.notify_all()
+
+    def fork(self, env: dict[str, str], cwd: str | None, secret: str, name: str, fds: list[int]) -> int:
+        """Start one job with ``fds`` (its stdout and stderr) as its output: its pid."""
+        with self._cv:
+            self._next += 1
+            ident = self._next
+        request = {"id": ident, "env": env, "cwd": cwd, "secret": secret, "name": name}
+        socket.send_fds(self._sock, [pickle.dumps(request)], fds)
+        deadline = time.monotonic() + TEMPLATE_TIMEOUT
+        with self._cv:
+            while ident not in self._replies:
+                remaining = deadline - time.monotonic()
+                if not self.alive or remaining <= 0:
+                    raise OSError("the local template process did not answer")
+                self._cv.wait(remaining)
+            reply = self._replies.pop(ident)
+        if reply[0] != "started":
+            raise OSError(reply[2])
+        return int(reply[2])
+
+    def wait(self, pid: int, timeout: float | None) -> int | None:
+        """``pid``'s returncode once it ended (within ``timeout``), else None."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cv:
+            while pid not in self.exits:
+                if not self.alive:  # the template is gone: its children went to init
+                    return None if _alive(pid) else self.exits.setdefault(pid, -signal.SIGKILL)
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return None
+                self._cv.wait(1.0 if remaining is None else min(remaining, 1.0))
+            return self.exits[pid]
+
+    def close(self) -> None:
+        try:
+            self._sock.close()  # the template exits when its end reads EOF
+        except OSError:
+            pass
+
+
+class Forked:
+    """A job forked by the template: the part of Popen's API the hooks use."""
+
+    def __init__(self, template: Template, pid: int) -> None:
+        self._template = template
+        self.pid = pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._template.wait(self.pid, 0)
+
+    def poll(self) -> int | None:
+        return self._template.wait(self.pid, 0)
+
+    def wait(self, timeout: float | None = None) -> int:
+        code = self._template.wait(self.pid, timeout)
+        if code is None:
+            raise subprocess.TimeoutExpired(["fibercore.worker", str(self.pid)], timeout or 0)
+        return code
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+
+_templates: dict[tuple[str, str], Template | None] = {}
+_templates_lock = threading.Lock()
+
+
+def _template_for(spec: Any, env: dict[str, str]) -> Template | None:
+    """This master's template for ``spec``'s session (started on first use), or None where
+    jobs cannot be forked (not Linux, another interpreter asked for, the template failed)."""
+    if not sys.platform.startswith("linux") or not hasattr(socket, "send_fds"):
+        return None
+    if spec.python not in (None, sys.executable) or list(spec.args) != ["-m", "fibercore.worker"]:
+        return None
+    key = (spec.session, spec.env.get("FIBER_MASTER_ADDR", ""))
+    with _templates_lock:
+        if key in _templates:
+            template = _templates[key]
+            if template is None or template.alive:
+                return template
+        base = {k: v for k, v in env.items() if k not in spec.env or k in _TEMPLATE_KEEPS}
+        base.update({TEMPLATE_ENV: "1", NAME_ENV: "fiber-local-template"})
+        try:
+            template = Template(base)
+        except OSError as exc:
+            sys.stderr.write(f"fiber-local: starting jobs as new interpreters ({exc}); set "
+                             "local_fork_template = false to skip the template\n")
+            template = None
+        _templates[key] = template
+        return template
+
+
+def _forget_templates() -> None:
+    """In a forked copy of this process: the templates are the parent's (closing this copy of
+    their sockets lets each see its master's end close when the parent exits)."""
+    global _templates_lock
+    _templates_lock = threading.Lock()
+    for template in _templates.values():
+        if template is not None:
+            template.close()
+    _templates.clear()
+
+
+os.register_at_fork(after_in_child=_forget_templates)
+
+#: What the template's environment keeps from a job's: what `fiber ps` and `fiber cleanup`
+#: read from /proc/<pid>/environ, which a forked job shares with its template.
+_TEMPLATE_KEEPS = ("FIBER_SESSION", "FIBER_MASTER_ADDR", "PYTHONUNBUFFERED")
 
 
 def _local(job: Any) -> LocalJob | None:
@@ -116,6 +285,9 @@ def fiber_config_options() -> list[Any]:
     return [
         Option("local_echo_output", bool, True,
                "Echo the output of local jobs to the master's stdout/stderr.", plugin="fiber-local"),
+        Option("local_fork_template", bool, True,
+               "Fork local jobs from a pre-imported template process (as multiprocessing's forkserver) "
+               "instead of starting a new interpreter for each (Linux).", plugin="fiber-local"),
     ]
 
 
@@ -136,6 +308,10 @@ def fiber_config_defaults() -> dict[str, Any]:
 SECRET_FD_ENV = "FIBER_SECRET_FD"
 
 
+def _secret_text(secret_env: dict[str, str]) -> str:
+    return "".join(f"{k}={v}\n" for k, v in secret_env.items())
+
+
 def _secret_pipe(secret_env: dict[str, str]) -> int | None:
     """A pipe's read end holding ``secret_env`` as ``KEY=value`` lines, or None if empty.
 
@@ -146,7 +322,7 @@ def _secret_pipe(secret_env: dict[str, str]) -> int | None:
         return None
     r, w = os.pipe()
     try:
-        os.write(w, "".join(f"{k}={v}\n" for k, v in secret_env.items()).encode())
+        os.write(w, _secret_text(secret_env).encode())
     finally:
         os.close(w)
     return r
@@ -159,34 +335,43 @@ def fiber_create_job(spec: Any, config: Any) -> Any:
     env = dict(os.environ)
     env.update(spec.env)
     env.setdefault("PYTHONUNBUFFERED", "1")
-    secret_fd = _secret_pipe(spec.secret_env)
-    pass_fds: tuple[int, ...] = ()
-    if secret_fd is not None:  # never in the environment block (/proc/<pid>/environ, ps e)
-        env[SECRET_FD_ENV] = str(secret_fd)
-        pass_fds = (secret_fd,)
     env[MASTER_PID_ENV] = str(os.getpid())  # `fiber cleanup` leaves jobs of a live master alone
     env[NAME_ENV] = spec.name  # what `fiber ps` shows
     cwd = spec.cwd if spec.cwd and os.path.isdir(spec.cwd) else None
     _pump.echo = bool(config.get("local_echo_output", True))
     command = spec.argv(sys.executable)  # a job here runs this interpreter unless told otherwise
-    popen = subprocess.Popen(
-        command,
-        env=env,
-        cwd=cwd,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        close_fds=True,
-        pass_fds=pass_fds,
-    )
-    if secret_fd is not None:
-        os.close(secret_fd)
+    template = _template_for(spec, env) if config.get("local_fork_template", True) else None
+    popen: subprocess.Popen[bytes] | Forked
+    if template is not None:
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        try:
+            popen = Forked(template, template.fork(env, cwd, _secret_text(spec.secret_env), spec.name,
+                                                   [out_w, err_w]))
+        except OSError:
+            for fd in (out_r, err_r):
+                os.close(fd)
+            raise
+        finally:
+            os.close(out_w)
+            os.close(err_w)
+    else:
+        secret_fd = _secret_pipe(spec.secret_env)
+        pass_fds: tuple[int, ...] = ()
+        if secret_fd is not None:  # never in the environment block (/proc/<pid>/environ, ps e)
+            env[SECRET_FD_ENV] = str(secret_fd)
+            pass_fds = (secret_fd,)
+        popen = subprocess.Popen(command, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, close_fds=True, pass_fds=pass_fds)
+        if secret_fd is not None:
+            os.close(secret_fd)
+        assert popen.stdout is not None and popen.stderr is not None
+        out_r, err_r = os.dup(popen.stdout.fileno()), os.dup(popen.stderr.fileno())
+        popen.stdout.close()
+        popen.stderr.close()
     data = LocalJob(popen)
-    assert popen.stdout is not None and popen.stderr is not None
-    _pump.add(os.dup(popen.stdout.fileno()), sys.__stdout__.fileno() if sys.__stdout__ else 1, data.tail)
-    _pump.add(os.dup(popen.stderr.fileno()), sys.__stderr__.fileno() if sys.__stderr__ else 2, data.tail)
-    popen.stdout.close()
-    popen.stderr.close()
+    _pump.add(out_r, sys.__stdout__.fileno() if sys.__stdout__ else 1, data.tail)
+    _pump.add(err_r, sys.__stderr__.fileno() if sys.__stderr__ else 2, data.tail)
     return Job(jid=str(popen.pid), backend=NAME, data=data, host="127.0.0.1", pid=popen.pid, spec=spec,
                command=command)
 
@@ -285,9 +470,14 @@ def fiber_cleanup_jobs(session: str | None) -> int:
         master = env.get(MASTER_PID_ENV.encode(), b"")
         if session is None and master.isdigit() and _alive(int(master)):
             continue  # its master still runs: not a leftover
-        if _signal(pid, signal.SIGKILL):
-            count += 1
+        if _signal(pid, signal.SIGKILL) and not _is_template(pid, env):
+            count += 1  # a template process is no job of the user's
     return count
+
+
+def _is_template(pid: int, env: dict[bytes, bytes]) -> bool:
+    """Whether ``pid`` is a template process (:mod:`fiber_local.template`), not a job."""
+    return TEMPLATE_ENV.encode() in env and _comm(pid) == TEMPLATE_COMM
 
 
 def _signal(pid: int, sig: int) -> bool:
@@ -304,14 +494,25 @@ def fiber_list_jobs(session: str | None) -> list[Any]:
 
     out = []
     for pid, env in _fiber_processes(session):
+        if _is_template(pid, env):
+            continue
         try:
             created = os.stat(f"/proc/{pid}").st_mtime
         except OSError:
             created = None
-        name = env.get(NAME_ENV.encode(), b"?").decode()
+        name = (_comm(pid) if TEMPLATE_ENV.encode() in env else None) or env.get(NAME_ENV.encode(), b"?").decode()
         out.append(JobInfo(jid=str(pid), backend=NAME, session=env[b"FIBER_SESSION"].decode(), name=name,
                            status=JobStatus.RUNNING, host="127.0.0.1", created=created))
     return out
+
+
+def _comm(pid: int) -> str | None:
+    """The name a forked job gave itself (its environment is its template's)."""
+    try:
+        with open(f"/proc/{pid}/comm") as fh:
+            return fh.read().strip() or None
+    except OSError:
+        return None
 
 
 def _own_job(jid: str) -> int | None:
