@@ -172,3 +172,17 @@ def make_ca(tmp_path: Path) -> tuple[str, tuple[Any, Any]]:
     path = tmp_path / "ca.pem"
     path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     return str(path), (cert, key)
+
+
+def session_processes(session: str) -> list[int]:
+    """Pids of this machine's processes whose environment names ``session``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as fh:
+                    if f"FIBER_SESSION={session}".encode() in fh.read().split(b"\0"):
+                        found.append(int(entry))
+            except OSError:
+                pass
+    return found

@@ -12,6 +12,7 @@ import pytest
 
 from fibercore.cli import COMMANDS
 from fibercore.testing.cli import fiber, fiber_command, interrupt_when
+from helpers import session_processes
 
 APP = '''
 import sys, time
@@ -37,20 +38,6 @@ LOCAL = {"FIBER_BACKEND": "local"}
 def project(tmp_path: Path) -> Path:
     (tmp_path / "app.py").write_text(APP)
     return tmp_path
-
-
-def session_processes(session: str) -> list[int]:
-    """Pids of this machine's processes whose environment names ``session``."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/environ", "rb") as fh:
-                    if f"FIBER_SESSION={session}".encode() in fh.read().split(b"\0"):
-                        found.append(int(entry))
-            except OSError:
-                pass
-    return found
 
 
 def test_run_prints_the_programs_output_and_returns_its_exit_code(project):

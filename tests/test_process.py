@@ -13,6 +13,7 @@ import time
 import pytest
 
 import fibercore as mp
+from helpers import session_processes
 from fibercore.errors import JobStartError, ProcessError
 from tests.helpers import sleep_then_put
 
@@ -107,20 +108,26 @@ def _alive(pid: int) -> bool:
         return fh.read().split()[2] != "Z"
 
 
+@pytest.mark.parametrize("template", ["forked", "new interpreter"])
 @pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
-def test_dead_master_leaves_no_orphan_jobs(tmp_path, how):
+def test_dead_master_leaves_no_orphan_jobs(tmp_path, how, template):
     script = tmp_path / "master.py"
     script.write_text(MASTER.format(root=os.getcwd()))
+    env = {**os.environ, "FIBER_LOCAL_FORK_TEMPLATE": "1" if template == "forked" else "0"}
     master = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
-                              start_new_session=True)
-    child = int(master.stdout.readline().split()[0])
+                              start_new_session=True, env=env)
+    pid, session = master.stdout.readline().split()
+    child = int(pid)
     assert _alive(child)
+    others = set(session_processes(session)) - {child, master.pid}
+    assert len(others) == (1 if template == "forked" else 0), others  # the template process
     master.send_signal(getattr(signal, how))
     master.wait(30)
     deadline = time.monotonic() + 15
-    while _alive(child) and time.monotonic() < deadline:
+    while session_processes(session) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not _alive(child), f"worker {child} outlived its master ({how})"
+    assert session_processes(session) == [], f"processes of the session outlived the master ({how})"
 
 
 def test_fiber_cleanup_kills_leftover_workers(tmp_path):

@@ -160,6 +160,10 @@ class Template:
         with self._cv:
             self.alive = False
             self._cv.notify_all()
+        try:
+            self.popen.wait(5.0)  # reaped: no zombie of it is left
+        except subprocess.TimeoutExpired:
+            pass
 
     def fork(self, env: dict[str, str], cwd: str | None, secret: str, name: str, fds: list[int]) -> int:
         """Start one job with ``fds`` (its stdout and stderr) as its output: its pid."""
@@ -185,13 +189,19 @@ class Template:
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cv:
             while pid not in self.exits:
-                if not self.alive:  # the template is gone: its children went to init
-                    return None if _alive(pid) else self.exits.setdefault(pid, -signal.SIGKILL)
+                if not self.alive and not _alive(pid):
+                    # The template is gone (its jobs went to init): the end is seen, its status lost.
+                    return self.exits.setdefault(pid, -signal.SIGKILL)
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     return None
-                self._cv.wait(1.0 if remaining is None else min(remaining, 1.0))
+                step = 1.0 if self.alive else 0.05
+                self._cv.wait(step if remaining is None else min(remaining, step))
             return self.exits[pid]
+
+    @property
+    def usable(self) -> bool:
+        return self.alive and self.popen.poll() is None
 
     def close(self) -> None:
         try:
@@ -240,7 +250,7 @@ def _template_for(spec: Any, env: dict[str, str]) -> Template | None:
     with _templates_lock:
         if key in _templates:
             template = _templates[key]
-            if template is None or template.alive:
+            if template is None or template.usable:
                 return template
         base = {k: v for k, v in env.items() if k not in spec.env or k in _TEMPLATE_KEEPS}
         base.update({TEMPLATE_ENV: "1", NAME_ENV: "fiber-local-template"})
@@ -341,21 +351,22 @@ def fiber_create_job(spec: Any, config: Any) -> Any:
     _pump.echo = bool(config.get("local_echo_output", True))
     command = spec.argv(sys.executable)  # a job here runs this interpreter unless told otherwise
     template = _template_for(spec, env) if config.get("local_fork_template", True) else None
-    popen: subprocess.Popen[bytes] | Forked
+    popen: subprocess.Popen[bytes] | Forked | None = None
     if template is not None:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         try:
             popen = Forked(template, template.fork(env, cwd, _secret_text(spec.secret_env), spec.name,
                                                    [out_w, err_w]))
-        except OSError:
+        except OSError as exc:  # the template died meanwhile: this job starts as a new interpreter
+            sys.stderr.write(f"fiber-local: the template process failed ({exc}); starting {spec.name} "
+                             "as a new interpreter\n")
             for fd in (out_r, err_r):
                 os.close(fd)
-            raise
         finally:
             os.close(out_w)
             os.close(err_w)
-    else:
+    if popen is None:
         secret_fd = _secret_pipe(spec.secret_env)
         pass_fds: tuple[int, ...] = ()
         if secret_fd is not None:  # never in the environment block (/proc/<pid>/environ, ps e)

@@ -1,0 +1,70 @@
+"""The template process that forks local jobs (fiber_local.template): what a job forked
+from it sees, what it leaves in /proc, and a template that dies."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+import fibercore as fc
+from fibercore.testing.targets import report_environment, sleep_for
+
+
+def _template_pids() -> list[int]:
+    """Template processes of this master (their parent is this process)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/comm") as fh:
+                comm = fh.read().strip()
+            with open(f"/proc/{entry}/stat") as fh:
+                state, ppid = fh.read().rsplit(")", 1)[1].split()[:2]
+        except (OSError, ValueError, IndexError):
+            continue
+        if comm == "fiber-template" and int(ppid) == os.getpid() and state != "Z":
+            found.append(int(entry))
+    return found
+
+
+@pytest.fixture(autouse=True)
+def _local() -> None:
+    if not os.path.isdir("/proc"):
+        pytest.skip("the template is Linux only")
+
+
+def test_a_forked_job_is_its_own_process_with_its_own_name_and_no_secret_anywhere_in_proc():
+    q = fc.Queue()
+    p = fc.Process(target=report_environment, args=(q,), name="Forked-Job-With-A-Long-Name")
+    p.start()
+    env = q.get(timeout=60)
+    p.join(30)
+    assert p.exitcode == 0
+    assert env["name"] == "Forked-Job-With-A-Long-Name" and env["secret_in_env"] is False
+    templates = _template_pids()
+    assert len(templates) == 1 and p.pid not in templates
+    secret = fc.get_runtime().secret.hex().encode()
+    for pid in templates:  # the environment block a forked job shares with its template
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            assert secret not in fh.read()
+
+
+def test_jobs_still_start_and_end_when_the_template_is_killed():
+    first = fc.Process(target=sleep_for, args=(1.0,))
+    first.start()
+    (template,) = _template_pids()
+    os.kill(template, signal.SIGKILL)
+    second = fc.Process(target=sleep_for, args=(0.1,))
+    second.start()  # a new template forks it
+    second.join(60)
+    assert second.exitcode == 0
+    first.join(60)  # its template is gone: its end is noticed (the status is lost: -9)
+    assert first.exitcode is not None
+    deadline = time.monotonic() + 10
+    while template in _template_pids() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert template not in _template_pids()
