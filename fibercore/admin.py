@@ -103,6 +103,8 @@ class AdminHub:
             for op, parts in messages:
                 try:
                     self._handle(op, parts, peer)
+                except TransportClosed:  # the job left before the answer (a pool terminated as it started)
+                    pass
                 except Exception as exc:  # a malformed but authentic message must not kill the hub
                     malformed(self.channel.address, peer, op, exc)
             now = time.monotonic()

@@ -202,6 +202,7 @@ class Connection:
         return lane
 
     def _on_peer(self, peer: Any, added: bool) -> None:
+        self._home_lane = None  # made again for the one peer, if there is one
         channel = self._channel
         if added:
             self._eof = False
@@ -239,7 +240,7 @@ class Connection:
             # goes out here in one step; otherwise through the sender (order, bursts).
             try:
                 if sender.idle():
-                    lane = self._lane_to_peer()
+                    lane = self._home_lane or self._lane_to_peer()
                     if lane is not None:
                         lane.send(op, parts)
                         sender.sent_aside()
@@ -298,7 +299,7 @@ class Connection:
 
     def _next(self, timeout: float | None) -> tuple[int, list[Any]]:
         """Next message; raises TransportTimeout after ``timeout``, EOFError at the end."""
-        lane = self._lane or self._lane_to_peer()
+        lane = self._lane or self._home_lane or self._lane_to_peer()
         if (lane is not None and not self._inbox and self._watcher is None and not self._eof
                 and not self._closed and self._readable and self._pid == current_pid()):
             # Connected, nothing buffered (a stepped simulator and its master): the lane. In
@@ -441,7 +442,12 @@ class Connection:
     # -- the multiprocessing API ----------------------------------------------------------
     def send(self, obj: Any) -> None:
         """Send a picklable object to the other end."""
-        self._send(OBJ, dumps_or_explain(get_runtime().serializer, obj, "an object through a Pipe"))
+        serializer = get_runtime().serializer
+        try:
+            parts = serializer.dumps(obj)
+        except Exception:  # said again with what and where
+            parts = dumps_or_explain(serializer, obj, "an object through a Pipe")
+        self._send(OBJ, parts)
 
     def recv(self) -> Any:
         """Receive an object sent with send(); EOFError when the other end is closed."""

@@ -11,9 +11,9 @@ import textwrap
 import time
 
 import pytest
+from helpers import session_processes
 
 import fibercore as mp
-from helpers import session_processes
 from fibercore.errors import JobStartError, ProcessError
 from tests.helpers import sleep_then_put
 

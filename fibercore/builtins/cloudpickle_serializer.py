@@ -45,8 +45,8 @@ _OOB_MIN = 4096  # smaller buffers are cheaper in band
 _WALK_BUDGET = 256
 
 
-def _plain_data(obj: Any) -> bool:
-    """Whether ``obj`` is data the C pickler writes exactly as cloudpickle would: the plain
+def _plain_data(obj: Any) -> int:
+    """0 unless ``obj`` is data the C pickler writes exactly as cloudpickle would: the plain
     types, tuples, lists and dicts of them, and numpy arrays and scalars without Python
     objects inside (an RL step's observation, a small task's arguments and result).
 
@@ -54,7 +54,8 @@ def _plain_data(obj: Any) -> bool:
     whose ``__reduce__`` has effects (a manager proxy's reference count), so pickling it
     once with the C pickler is both safe and final. The walk stops after
     :data:`_WALK_BUDGET` objects: a big structure goes to cloudpickle, whose cost per byte is
-    the same and whose cost per call no longer matters.
+    the same and whose cost per call no longer matters. Plain data gives 1, or 2 when it
+    holds an array big enough to travel out of band (:data:`_OOB_MIN`).
     """
     np = sys.modules.get("numpy")
     ndarray = generic = None
@@ -62,10 +63,11 @@ def _plain_data(obj: Any) -> bool:
         ndarray, generic = np.ndarray, np.generic
     budget = _WALK_BUDGET
     stack = [obj]
+    found = 1
     while stack:
         budget -= 1
         if budget < 0:
-            return False
+            return 0
         item = stack.pop()
         kind = type(item)
         if kind in _PLAIN:
@@ -77,12 +79,14 @@ def _plain_data(obj: Any) -> bool:
             stack.extend(item.values())
         elif kind is ndarray:
             if item.dtype.hasobject:
-                return False
+                return 0
+            if item.nbytes >= _OOB_MIN:
+                found = 2
         elif generic is not None and isinstance(item, generic) and kind.__module__ == "numpy":
             continue  # a numpy scalar (there is no object scalar: numpy gives the object itself)
         else:
-            return False
-    return True
+            return 0
+    return found
 
 #: The namespace that functions of a sender's ``__main__`` get in this process.
 MAIN_NAMESPACE: dict[str, Any] = {"__name__": "__mp_main__", "__builtins__": __builtins__}
@@ -293,7 +297,10 @@ class CloudpickleSerializer:
     def dumps(self, obj: Any) -> list[Any]:
         if type(obj) in _PLAIN:
             return [pickle.dumps(obj, protocol=5)]
-        if _plain_data(obj):  # the C pickler: a few µs less per message than cloudpickle
+        plain = _plain_data(obj)
+        if plain == 1:  # the C pickler: a few µs less per message than cloudpickle
+            return [pickle.dumps(obj, protocol=5)]
+        if plain:  # ... and arrays of _OOB_MIN bytes or more out of band
             return self._dumps_plain(obj)
         if type(obj) is types.FunctionType:
             # The same unchanged function gives the same list of parts (not a new pickle):

@@ -55,7 +55,7 @@ from fibercore.errors import (
 from fibercore.hookspecs import hookimpl
 from fibercore.transport import PeerCallback
 from fibercore.util import machine_identity
-from fibercore.wire.frames import nbytes, reject
+from fibercore.wire.frames import reject
 from fibercore.wire.handshake import (
     MAX_HANDSHAKE_FRAME,
     Authenticator,
@@ -227,7 +227,9 @@ class _Conn:
     def write(self, parts: list[Any], block: bool = True, deadline: float | None = None) -> None:
         """Write one frame (the parts back to back) as records; all or, with block=False, nothing
         (once part of it is out, the rest within :data:`PARTIAL_WAIT`, or the connection breaks)."""
-        total = sum(map(nbytes, parts))
+        total = 0
+        for part in parts:  # frames.nbytes, inlined: this is every message's path
+            total += part.nbytes if type(part) is memoryview else len(part)
         if total <= RECORD_MAX:
             iov = [_HEADER.pack(total), *parts]
             if block and deadline is None and not self.tls and len(iov) <= _IOV_MAX:
@@ -338,12 +340,12 @@ class _Conn:
         return (self._body is None and self._hpos == 0 and not self._records and not self.tls
                 and self.session is not None)
 
-    def read_one(self, deliver: Callable[[memoryview], None]) -> memoryview | None:
-        """One waiting read: the frame, when it brought exactly one whole one-record frame;
-        otherwise None, with what it brought parsed (whole frames to ``deliver``). The
-        connection must be :attr:`idle`. Raises what :meth:`pump` raises."""
+    def read_one(self, deliver: Callable[[memoryview], None], wait: bool = True) -> memoryview | None:
+        """One read (``wait``: a waiting one): the frame, when it brought exactly one whole
+        one-record frame; otherwise None, with what it brought parsed (whole frames to
+        ``deliver``). The connection must be :attr:`idle`. Raises what :meth:`pump` raises."""
         scratch = self._scratch
-        n = self._recv_into(scratch, True)
+        n = self._recv_into(scratch, wait)
         view = memoryview(scratch)[:n]
         if self._whole_record(view) == n:
             return memoryview(scratch[4:n])  # a copy: the scratch buffer is read into again
@@ -914,8 +916,8 @@ class TcpListener:
                 ready = poll(-1 if timeout is None else min(timeout, IDLE_STEP) * 1000)
             if len(ready) != 1 or ready[0][0] != conn.sock.fileno():
                 return None  # the time passed, or something changed: recv() looks
-            try:
-                frame = conn.read_one(lambda f: self._inbox.append((f, peer)))
+            try:  # readable: a read that does not wait
+                frame = conn.read_one(lambda f: self._inbox.append((f, peer)), False)
             except _WOULD_BLOCK:
                 return None
             except (_Broken, OSError, ValueError):
@@ -1084,9 +1086,13 @@ class TcpDialer:
         if not self._rlock.acquire(False):
             return None
         try:
-            if timeout is not None and timeout <= 0:
+            if timeout is None:
+                if conn._rcvtimeo is not None:
+                    conn.receive_timeout(None)
+            elif timeout <= 0:
                 return None
-            conn.wait_at_most(timeout)
+            else:
+                conn.wait_at_most(timeout)
             try:
                 return conn.read_one(self._inbox.append)
             except _WOULD_BLOCK:

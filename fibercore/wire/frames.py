@@ -218,7 +218,9 @@ class StreamSealer(Sealer):
         if len(messages) == 1:
             op, parts = messages[0]
             if len(parts) == 1:  # the usual message: zero tag and words in one call
-                return [_STREAM_ONE.pack(self._counter, 6, 1, op, 1, nbytes(parts[0])), parts[0]]
+                part = parts[0]
+                size = part.nbytes if type(part) is memoryview else len(part)
+                return [_STREAM_ONE.pack(self._counter, 6, 1, op, 1, size), part]
         head, payload, _ = self._layout(messages)
         return [_NO_TAG, head, *payload]
 
