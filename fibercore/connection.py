@@ -226,14 +226,9 @@ class Connection:
 
     def _send(self, op: int, parts: list[Any]) -> None:
         lane = self._lane
-        if lane is not None and not self._closed and not self._eof and self._pid == current_pid():
-            # A dialled end: every message leaves from the caller's thread (blocking while the
-            # socket's buffer is full, as an OS pipe does), so nothing is ever left to flush.
-            try:
-                lane.send(op, parts)
-                return
-            except TransportClosed as exc:
-                raise BrokenPipeError(f"the other end of the pipe {self._address} is gone: {exc}") from None
+        if lane is not None and not self._closed and self._pid == current_pid():
+            self._send_on_lane(lane, op, parts)
+            return
         sender = self._sender
         if sender is not None and not self._closed and self._pid == current_pid() and not self._eof:
             # Connected already (the common case): on an idle line, one message of one part
@@ -275,7 +270,7 @@ class Connection:
         if self._sender is None or self._pid != current_pid():
             channel = self._connect()
             if self._lane is not None:
-                self._send(op, parts)
+                self._send_on_lane(self._lane, op, parts)
                 return
             with self._lock:
                 if self._sender is None:
@@ -287,6 +282,16 @@ class Connection:
             raise BrokenPipeError(f"the other end of the pipe {self._address} is closed")
         try:
             self._sender.put((op, parts))
+        except TransportClosed as exc:
+            raise BrokenPipeError(f"the other end of the pipe {self._address} is gone: {exc}") from None
+
+    def _send_on_lane(self, lane: Lane, op: int, parts: list[Any]) -> None:
+        """A dialled end: every message leaves from the caller's thread (blocking while the
+        socket's buffer is full, as an OS pipe does), so nothing is ever left to flush."""
+        if self._eof:  # as multiprocessing: writing to a pipe whose reader is gone
+            raise BrokenPipeError(f"the other end of the pipe {self._address} is closed")
+        try:
+            lane.send(op, parts)
         except TransportClosed as exc:
             raise BrokenPipeError(f"the other end of the pipe {self._address} is gone: {exc}") from None
 

@@ -186,3 +186,27 @@ def session_processes(session: str) -> list[int]:
             except OSError:
                 pass
     return found
+
+
+def pipe_send_sleep_send(conn: Any, first: Any, seconds: float, second: Any) -> None:
+    """Send ``first``, stay silent for ``seconds`` (connected), then send ``second``."""
+    conn.send(first)
+    time.sleep(seconds)
+    conn.send(second)
+
+
+def pipe_lane_behaviour(conn: Any) -> None:
+    """A child's end (its lane): poll and recv timeouts, a burst of sends, then EOF."""
+    t0 = time.monotonic()
+    conn.send(("polled", conn.poll(0.3), round(time.monotonic() - t0, 2)))
+    item = conn.recv()
+    for i in range(item):
+        conn.send(i)
+    try:
+        conn.recv()
+    except EOFError:
+        try:
+            conn.send("after eof")
+        except BrokenPipeError:  # as multiprocessing: the reader is gone
+            return
+    raise AssertionError("no EOFError, or no BrokenPipeError after it")

@@ -9,10 +9,10 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import session_processes
 
 from fibercore.cli import COMMANDS
 from fibercore.testing.cli import fiber, fiber_command, interrupt_when
+from tests.helpers import session_processes
 
 APP = '''
 import sys, time

@@ -14,8 +14,10 @@ from tests.helpers import (
     array_roundtrip,
     pipe_bytes_echo,
     pipe_collect,
+    pipe_lane_behaviour,
     pipe_send_all,
     pipe_send_paced,
+    pipe_send_sleep_send,
 )
 
 
@@ -167,3 +169,48 @@ def test_round_trips_and_timeouts_with_any_spin_wait(tmp_path, spin_us):
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip() == "ok"
+
+
+def test_a_second_writer_is_heard_while_the_first_is_silent():
+    """The home end reads its one peer's socket directly (its lane); a second process using
+    the other end wakes it, so its message does not wait for the silent first one."""
+    r, w = mp.Pipe(duplex=False)
+    first = mp.Process(target=pipe_send_sleep_send, args=(w, "first", 5.0, "first again"))
+    first.start()
+    assert r.recv() == "first"
+    second = mp.Process(target=pipe_send_sleep_send, args=(w, "second", 0.0, "second again"))
+    t0 = time.monotonic()
+    second.start()
+    assert r.recv() == "second" and r.recv() == "second again"
+    assert time.monotonic() - t0 < 4.0
+    assert r.recv() == "first again"
+    first.join(30)
+    second.join(30)
+
+
+def test_a_child_end_polls_receives_sends_bursts_and_sees_eof_through_its_lane():
+    a, b = mp.Pipe()
+    p = mp.Process(target=pipe_lane_behaviour, args=(b,))
+    p.start()
+    b.close()
+    tag, polled, waited = a.recv()
+    assert (tag, polled) == ("polled", False) and 0.25 <= waited < 2.0
+    a.send(5000)
+    assert [a.recv() for _ in range(5000)] == list(range(5000))
+    a.close()
+    p.join(30)
+    assert p.exitcode == 0
+
+
+def test_a_child_end_blocks_when_the_reader_stops_and_resumes_without_loss():
+    """A dialled end sends from the caller's thread: with the reader stopped, sends block
+    once the socket's buffer is full (as an OS pipe's), and nothing is lost."""
+    a, b = mp.Pipe()
+    p = mp.Process(target=pipe_send_all, args=(b, [bytes(64 << 10)] * 200 + [b"end"]))
+    p.start()
+    b.close()
+    time.sleep(1.0)  # the child fills the buffers and blocks
+    got = [a.recv() for _ in range(201)]
+    assert got[-1] == b"end" and all(len(x) == 64 << 10 for x in got[:-1])
+    p.join(30)
+    assert p.exitcode == 0

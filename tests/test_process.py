@@ -11,11 +11,10 @@ import textwrap
 import time
 
 import pytest
-from helpers import session_processes
 
 import fibercore as mp
 from fibercore.errors import JobStartError, ProcessError
-from tests.helpers import sleep_then_put
+from tests.helpers import session_processes, sleep_then_put
 
 
 def test_repr_name_daemon_and_current_process():
