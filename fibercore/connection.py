@@ -225,17 +225,13 @@ class Connection:
         return home, peer
 
     def _send(self, op: int, parts: list[Any]) -> None:
-        lane = self._lane
-        if lane is not None and not self._closed and self._pid == current_pid():
-            self._send_on_lane(lane, op, parts)
-            return
         sender = self._sender
         if sender is not None and not self._closed and self._pid == current_pid() and not self._eof:
             # Connected already (the common case): on an idle line, one message of one part
             # goes out here in one step; otherwise through the sender (order, bursts).
             try:
                 if sender.idle():
-                    lane = self._home_lane or self._lane_to_peer()
+                    lane = self._lane or self._home_lane or self._lane_to_peer()
                     if lane is not None:
                         lane.send(op, parts)
                         sender.sent_aside()
@@ -269,9 +265,6 @@ class Connection:
             return
         if self._sender is None or self._pid != current_pid():
             channel = self._connect()
-            if self._lane is not None:
-                self._send_on_lane(self._lane, op, parts)
-                return
             with self._lock:
                 if self._sender is None:
                     at_process_end(_flush_all)
@@ -282,16 +275,6 @@ class Connection:
             raise BrokenPipeError(f"the other end of the pipe {self._address} is closed")
         try:
             self._sender.put((op, parts))
-        except TransportClosed as exc:
-            raise BrokenPipeError(f"the other end of the pipe {self._address} is gone: {exc}") from None
-
-    def _send_on_lane(self, lane: Lane, op: int, parts: list[Any]) -> None:
-        """A dialled end: every message leaves from the caller's thread (blocking while the
-        socket's buffer is full, as an OS pipe does), so nothing is ever left to flush."""
-        if self._eof:  # as multiprocessing: writing to a pipe whose reader is gone
-            raise BrokenPipeError(f"the other end of the pipe {self._address} is closed")
-        try:
-            lane.send(op, parts)
         except TransportClosed as exc:
             raise BrokenPipeError(f"the other end of the pipe {self._address} is gone: {exc}") from None
 

@@ -202,9 +202,9 @@ def test_a_child_end_polls_receives_sends_bursts_and_sees_eof_through_its_lane()
     assert p.exitcode == 0
 
 
-def test_a_child_end_blocks_when_the_reader_stops_and_resumes_without_loss():
-    """A dialled end sends from the caller's thread: with the reader stopped, sends block
-    once the socket's buffer is full (as an OS pipe's), and nothing is lost."""
+def test_a_child_end_keeps_sending_while_the_reader_stops_and_nothing_is_lost():
+    """With the reader stopped, a child's sends fill the socket's buffers, then queue in its
+    sender (bursts are batched there); everything arrives, in order, once the reader reads."""
     a, b = mp.Pipe()
     p = mp.Process(target=pipe_send_all, args=(b, [bytes(64 << 10)] * 200 + [b"end"]))
     p.start()
