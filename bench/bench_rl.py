@@ -275,6 +275,42 @@ def report(path: str, methods: tuple[str, ...]) -> None:
     with open(path + ".md", "w") as fh:
         fh.write("\n".join(lines) + "\n")
     print(f"wrote {path}.md")
+    plot(path)
+
+
+def plot(path: str) -> None:
+    """PATH.png from the table in PATH.md: per row, fibercore's speed relative to each start
+    method (above 1: fibercore is faster; a time's inverse ratio, a rate's ratio)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    with open(path + ".md") as fh:
+        rows = [line.strip().strip("|").split("|") for line in fh if line.startswith("| ") and "---" not in line]
+    header, rows = [c.strip() for c in rows[0]], [[c.strip() for c in r] for r in rows[1:]]
+    methods = [c.removeprefix("ratio to ") for c in header if c.startswith("ratio to ")]
+    first = header.index(f"ratio to {methods[0]}")
+    names = [f"{r[0]} {r[1]}" for r in rows]
+    fig, ax = plt.subplots(figsize=(8, 0.45 * len(rows) + 1.4))
+    height = 0.8 / len(methods)
+    for k, method in enumerate(methods):
+        speed = []
+        for r in rows:
+            cell = r[first + k].rstrip("x")
+            ratio = float(cell) if cell not in ("n/a", "") and float(cell) > 0 else float("nan")
+            speed.append(ratio if r[-1] == "higher" else 1.0 / ratio)  # nan: no bar
+        ys = [len(rows) - 1 - i + (k - (len(methods) - 1) / 2) * height for i in range(len(rows))]
+        ax.barh(ys, speed, height=height, label=f"vs {method}")
+    ax.set_yticks(range(len(rows)), names[::-1])
+    ax.set_xscale("log")
+    ax.axvline(1.0, color="black", linewidth=0.8)
+    ax.set_xlabel("fibercore's speed relative to multiprocessing (>1: faster; log scale)")
+    ax.set_title(f"bench_rl, one run ({CORES} CPUs)", fontsize=10)
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path + ".png", dpi=100)
+    print(f"wrote {path}.png")
 
 
 def main() -> int:
@@ -283,7 +319,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--methods", default=",".join(METHODS), help="multiprocessing start methods to compare")
-    parser.add_argument("--report", help="write a markdown table to REPORT.md")
+    parser.add_argument("--report", help="write a markdown table to REPORT.md and its plot to REPORT.png")
     args = parser.parse_args()
     methods = tuple(m for m in args.methods.split(",") if m)
     ROUNDS[0] = args.rounds
