@@ -136,8 +136,9 @@ class Connection:
         self._readable = readable
         self._writable = writable
         self._channel: Channel | None = None
-        self._lane: Lane | None = None  # a dialled end's fast path (the transport's lane)
-        self._home_lane: Lane | None = None  # the home end's, to its one peer (re-made when it changes)
+        # The fast path to the other end (the transport's lane): a dialled end's for good, the
+        # home end's while one peer is connected (dropped at every peer event).
+        self._lane: Lane | None = None
         self._owns_home = False
         self._sender: Sender | None = None
         self._inbox: deque[tuple[int, list[Any]]] = deque()
@@ -158,7 +159,7 @@ class Connection:
         self._pid = os.getpid()
         self._lock = threading.Lock()
         self._channel = None
-        self._lane = self._home_lane = None
+        self._lane = None
         self._sender = None
         self._owns_home = False
         self._ready, self._watcher, self._filed = None, None, threading.Condition()
@@ -188,21 +189,19 @@ class Connection:
             self._channel.on_peer_event(self._on_peer)
             return self._channel
 
-    def _lane_to_peer(self) -> Lane | None:
+    def _home_lane(self) -> Lane | None:
         """The home end's lane while one peer is connected to it (None otherwise)."""
         channel = self._channel
         if not self._owns_home or channel is None:
             return None
         peer = channel.only_peer
-        if peer is None:
-            return None
-        lane = self._home_lane
-        if lane is None or lane.session is not peer:
-            lane = self._home_lane = channel.lane(peer)
-        return lane
+        if peer is not None:
+            self._lane = channel.lane(peer)
+        return self._lane
 
     def _on_peer(self, peer: Any, added: bool) -> None:
-        self._home_lane = None  # made again for the one peer, if there is one
+        if self._owns_home:
+            self._lane = None  # made again for the one peer, if there is one
         channel = self._channel
         if added:
             self._eof = False
@@ -231,7 +230,7 @@ class Connection:
             # goes out here in one step; otherwise through the sender (order, bursts).
             try:
                 if sender.idle():
-                    lane = self._lane or self._home_lane or self._lane_to_peer()
+                    lane = self._lane or self._home_lane()
                     if lane is not None:
                         lane.send(op, parts)
                         sender.sent_aside()
@@ -287,7 +286,7 @@ class Connection:
 
     def _next(self, timeout: float | None) -> tuple[int, list[Any]]:
         """Next message; raises TransportTimeout after ``timeout``, EOFError at the end."""
-        lane = self._lane or self._home_lane or self._lane_to_peer()
+        lane = self._lane or self._home_lane()
         if (lane is not None and not self._inbox and self._watcher is None and not self._eof
                 and not self._closed and self._readable and self._pid == current_pid()):
             # Connected, nothing buffered (a stepped simulator and its master): the lane. In

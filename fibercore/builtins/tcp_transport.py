@@ -925,6 +925,9 @@ class TcpListener:
                 self._reactor.call(lambda: self._drop(conn))
                 return None
             self._last_frame = time.perf_counter()
+            if self._inbox and self._waiters:  # that read brought more: another thread waits for it
+                with self._cv:
+                    self._cv.notify(len(self._inbox))
             return frame
         finally:
             self._reading.release()

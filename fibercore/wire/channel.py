@@ -223,13 +223,7 @@ class Lane:
             return None
         try:
             frame = self._recv_frame(timeout, self.session)
-            if frame is None:
-                return None
-            try:
-                return self.session.opener.open(frame)
-            except BadFrame as exc:
-                reject(self.channel.address, self.session, str(exc))
-                return []
+            return None if frame is None else self.channel.open_frame(frame, self.session)
         finally:
             self._receiving.release()
 

@@ -1,11 +1,13 @@
-"""Local backend: each job is a child process of the master (``subprocess.Popen``).
+"""Local backend: each job is a process on this machine, forked by the master's template
+process (:mod:`fiber_local.forking`, :mod:`fiber_local.template`: a pre-imported interpreter,
+as multiprocessing's forkserver) or, where that cannot be, started with ``subprocess.Popen``.
 
 Why a plugin and not core code: it is replaceable like every backend, and it is the
 reference a third party reads to write ``fiber-slurm``. It depends only on pluggy;
 fibercore's types are imported when a hook runs (fibercore depends on fiber-local,
 not the other way round).
 
-Output: a single pump thread reads every child's stdout and stderr, echoes them to
+Output: a single pump thread reads every job's stdout and stderr, echoes them to
 the master's (so ``print`` in a worker shows up as with multiprocessing) and keeps
 the last 64 KiB per job for ``fiber_job_logs`` and start-up errors.
 
@@ -16,7 +18,6 @@ machine); images and volumes.
 from __future__ import annotations
 
 import os
-import pickle
 import selectors
 import shutil
 import signal
@@ -29,6 +30,15 @@ from collections.abc import Iterator
 from typing import Any
 
 import pluggy
+
+from fiber_local.forking import (
+    TEMPLATE_COMM,
+    TEMPLATE_ENV,
+    Forked,
+    Template,
+    process_alive,
+    process_name,
+)
 
 hookimpl = pluggy.HookimplMarker("fiber")
 
@@ -103,136 +113,6 @@ class LocalJob:
     def __init__(self, popen: subprocess.Popen[bytes] | Forked) -> None:
         self.popen = popen
         self.tail = bytearray()
-
-
-#: Set in the template process's environment (and so in every job it forks, whose
-#: ``/proc/<pid>/environ`` is the template's): such a job's name is in its ``comm``.
-TEMPLATE_ENV = "FIBERCORE_LOCAL_TEMPLATE"
-#: The template's own ``comm`` (a job it forks names itself at once).
-TEMPLATE_COMM = "fiber-template"
-#: Seconds the template may take to import fibercore and report ready, and to answer a request.
-TEMPLATE_TIMEOUT = 30.0
-
-
-class Template:
-    """The master's side of its template process (:mod:`fiber_local.template`): asks it to
-    fork jobs, and learns their pids and exit statuses from it (they are its children)."""
-
-    def __init__(self, env: dict[str, str]) -> None:
-        self._sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        try:
-            self.popen = subprocess.Popen(
-                [sys.executable, "-m", "fiber_local.template", str(theirs.fileno())],
-                env=env, stdin=subprocess.DEVNULL, close_fds=True, pass_fds=(theirs.fileno(),))
-        finally:
-            theirs.close()
-        self._sock.settimeout(TEMPLATE_TIMEOUT)
-        try:
-            ready = self._sock.recv(4096)
-        except OSError:
-            ready = b""
-        if not ready:
-            self.close()
-            raise OSError("the local template process did not start (see its output above)")
-        self._sock.settimeout(None)
-        self._cv = threading.Condition()
-        self._next = 0
-        self._replies: dict[int, tuple[Any, ...]] = {}
-        self.exits: dict[int, int] = {}
-        self.alive = True
-        threading.Thread(target=self._read, name="fiber-local-template", daemon=True).start()
-
-    def _read(self) -> None:
-        while True:
-            try:
-                data = self._sock.recv(65536)
-            except OSError:
-                data = b""
-            if not data:
-                break
-            message = pickle.loads(data)  # from our own child, over a pair of sockets only we hold
-            with self._cv:
-                if message[0] == "exit":
-                    self.exits[message[1]] = message[2]
-                else:
-                    self._replies[message[1]] = message
-                self._cv.notify_all()
-        with self._cv:
-            self.alive = False
-            self._cv.notify_all()
-        try:
-            self.popen.wait(5.0)  # reaped: no zombie of it is left
-        except subprocess.TimeoutExpired:
-            pass
-
-    def fork(self, env: dict[str, str], cwd: str | None, secret: str, name: str, fds: list[int]) -> int:
-        """Start one job with ``fds`` (its stdout and stderr) as its output: its pid."""
-        with self._cv:
-            self._next += 1
-            ident = self._next
-        request = {"id": ident, "env": env, "cwd": cwd, "secret": secret, "name": name}
-        socket.send_fds(self._sock, [pickle.dumps(request)], fds)
-        deadline = time.monotonic() + TEMPLATE_TIMEOUT
-        with self._cv:
-            while ident not in self._replies:
-                remaining = deadline - time.monotonic()
-                if not self.alive or remaining <= 0:
-                    raise OSError("the local template process did not answer")
-                self._cv.wait(remaining)
-            reply = self._replies.pop(ident)
-        if reply[0] != "started":
-            raise OSError(reply[2])
-        return int(reply[2])
-
-    def wait(self, pid: int, timeout: float | None) -> int | None:
-        """``pid``'s returncode once it ended (within ``timeout``), else None."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        with self._cv:
-            while pid not in self.exits:
-                if not self.alive and not _alive(pid):
-                    # The template is gone (its jobs went to init): the end is seen, its status lost.
-                    return self.exits.setdefault(pid, -signal.SIGKILL)
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    return None
-                step = 1.0 if self.alive else 0.05
-                self._cv.wait(step if remaining is None else min(remaining, step))
-            return self.exits[pid]
-
-    @property
-    def usable(self) -> bool:
-        return self.alive and self.popen.poll() is None
-
-    def close(self) -> None:
-        try:
-            self._sock.close()  # the template exits when its end reads EOF
-        except OSError:
-            pass
-
-
-class Forked:
-    """A job forked by the template: the part of Popen's API the hooks use."""
-
-    def __init__(self, template: Template, pid: int) -> None:
-        self._template = template
-        self.pid = pid
-
-    @property
-    def returncode(self) -> int | None:
-        return self._template.wait(self.pid, 0)
-
-    def poll(self) -> int | None:
-        return self._template.wait(self.pid, 0)
-
-    def wait(self, timeout: float | None = None) -> int:
-        code = self._template.wait(self.pid, timeout)
-        if code is None:
-            raise subprocess.TimeoutExpired(["fibercore.worker", str(self.pid)], timeout or 0)
-        return code
-
-    def send_signal(self, sig: int) -> None:
-        if self.poll() is None:
-            os.kill(self.pid, sig)
 
 
 _templates: dict[tuple[str, str], Template | None] = {}
@@ -429,15 +309,6 @@ def fiber_job_logs(job: Any) -> str | None:
     return bytes(data.tail).decode("utf-8", "replace")
 
 
-def _alive(pid: int) -> bool:
-    """Whether process ``pid`` exists and is not a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
 def _fiber_processes(session: str | None) -> Iterator[tuple[int, dict[bytes, bytes]]]:
     """(pid, initial environment) of every local process of a fiber session (``session``
     only, when given): the jobs (they carry FIBER_MASTER_ADDR) and the masters ``fiber run``
@@ -456,7 +327,7 @@ def _fiber_processes(session: str | None) -> Iterator[tuple[int, dict[bytes, byt
             continue
         if session is not None and found.decode() != session:
             continue
-        if _alive(int(entry)):
+        if process_alive(int(entry)):
             yield int(entry), env
 
 
@@ -475,11 +346,11 @@ def fiber_cleanup_jobs(session: str | None) -> int:
         time.sleep(0.5 if count else 0)
     for pid, env in found:
         if b"FIBER_MASTER_ADDR" not in env:
-            if session is not None and _alive(pid):
+            if session is not None and process_alive(pid):
                 _signal(pid, signal.SIGKILL)
             continue
         master = env.get(MASTER_PID_ENV.encode(), b"")
-        if session is None and master.isdigit() and _alive(int(master)):
+        if session is None and master.isdigit() and process_alive(int(master)):
             continue  # its master still runs: not a leftover
         if _signal(pid, signal.SIGKILL) and not _is_template(pid, env):
             count += 1  # a template process is no job of the user's
@@ -488,7 +359,7 @@ def fiber_cleanup_jobs(session: str | None) -> int:
 
 def _is_template(pid: int, env: dict[bytes, bytes]) -> bool:
     """Whether ``pid`` is a template process (:mod:`fiber_local.template`), not a job."""
-    return TEMPLATE_ENV.encode() in env and _comm(pid) == TEMPLATE_COMM
+    return TEMPLATE_ENV.encode() in env and process_name(pid) == TEMPLATE_COMM
 
 
 def _signal(pid: int, sig: int) -> bool:
@@ -511,19 +382,10 @@ def fiber_list_jobs(session: str | None) -> list[Any]:
             created = os.stat(f"/proc/{pid}").st_mtime
         except OSError:
             created = None
-        name = (_comm(pid) if TEMPLATE_ENV.encode() in env else None) or env.get(NAME_ENV.encode(), b"?").decode()
+        name = (process_name(pid) if TEMPLATE_ENV.encode() in env else None) or env.get(NAME_ENV.encode(), b"?").decode()
         out.append(JobInfo(jid=str(pid), backend=NAME, session=env[b"FIBER_SESSION"].decode(), name=name,
                            status=JobStatus.RUNNING, host="127.0.0.1", created=created))
     return out
-
-
-def _comm(pid: int) -> str | None:
-    """The name a forked job gave itself (its environment is its template's)."""
-    try:
-        with open(f"/proc/{pid}/comm") as fh:
-            return fh.read().strip() or None
-    except OSError:
-        return None
 
 
 def _own_job(jid: str) -> int | None:

@@ -159,7 +159,7 @@ def serve(sock: socket.socket) -> None:
 
 def main() -> None:
     sock = socket.socket(fileno=int(sys.argv[1]))
-    from fiber_local.plugin import TEMPLATE_COMM
+    from fiber_local.forking import TEMPLATE_COMM
 
     _name(TEMPLATE_COMM)
     from fibercore.backendkit import preload_worker
