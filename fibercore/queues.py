@@ -13,7 +13,8 @@ Exactly once, with batching:
   2. a reader asks for items when its local buffer is empty; the broker grants a
      fair share (enough to amortise a round trip, never more than half of the
      backlog per reader) and keeps them *leased* to that reader;
-  3. the reader acknowledges what it consumed in its next request;
+  3. the reader acknowledges what it consumed in its next request (or, after
+     ``QUIET`` seconds without one, from its background thread);
   4. when another reader waits on an empty queue, the broker RECALLs leased but
      unconsumed items, and the holder RETURNs them (they go back to the front);
   5. a reader whose connection drops has its unacknowledged items put back.
@@ -34,7 +35,7 @@ import time
 import uuid
 import weakref
 from collections import deque
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 from fibercore.errors import SerializationError, TransportClosed, TransportTimeout
@@ -418,8 +419,19 @@ class _Broker:
         return any(w[2] for w in self.waiting)
 
 
+#: Seconds without a thread waiting on a queue client before its background thread reads
+#: the connection (while threads wait, one of them reads it: no hand-off per item).
+QUIET = 0.05
+
+
 class _Client:
-    """One process's connection to a remote broker (shared by every handle of the queue)."""
+    """One process's connection to a remote broker (shared by every handle of the queue).
+
+    Whoever waits for the broker (a ``get``, a request) receives on the connection itself,
+    one thread at a time; a background thread reads it only after :data:`QUIET` seconds
+    without a waiting thread, so that RECALLs are answered while the process does other
+    things, and what it consumed is acknowledged (a ``get`` leaves that to the next request).
+    """
 
     def __init__(self, address: str, qid: str) -> None:
         rt = get_runtime()
@@ -437,34 +449,85 @@ class _Client:
         self.dones = 0
         self.last_grant = 0  # items in the latest batch: the next is asked for at half of it
         self.wrote = False
-        threading.Thread(target=self._receive, name=f"fiber-queue-{qid[:8]}-recv", daemon=True).start()
+        self.reading = False  # a thread receives on the connection
+        self.waiters = 0  # threads waiting for the broker
+        self.quiet_since = time.monotonic()  # when the last of them stopped waiting
+        self.owe_ack = False  # items consumed that the broker has not been told of
+        self.lost = False  # the connection ended
+        threading.Thread(target=self._background, name=f"fiber-queue-{qid[:8]}-recv", daemon=True).start()
 
-    def _receive(self) -> None:
-        while True:
-            try:
-                messages, _ = self.channel.recv(timeout=None)
-            except TransportTimeout:
-                continue
-            except TransportClosed:
-                return
-            with self.cv:
-                granted = sum(1 for op, _ in messages if op == ITEM)
-                if granted:
-                    self.last_grant = granted
-                for op, parts in messages:
-                    if op == ITEM:
-                        self.buffer.append(parts)
-                        self.outstanding = False
-                    elif op == EMPTY:
-                        self.outstanding = False
-                        self.empty_reply = True
-                    elif op == RECALL:
-                        n = len(self.buffer)
-                        self.buffer.clear()
-                        self.sender.put((RETURN, [_b(self.consumed), _b(n)]))
-                    elif op in (PUTACK, SIZEIS, JOINED, CANCELLED):
-                        self.replies[bytes(parts[0])] = [op, *parts[1:]]
+    def _file(self, messages: list[tuple[int, list[Any]]]) -> None:
+        """What the broker sent (cv held)."""
+        granted = sum(1 for op, _ in messages if op == ITEM)
+        if granted:
+            self.last_grant = granted
+        for op, parts in messages:
+            if op == ITEM:
+                self.buffer.append(parts)
+                self.outstanding = False
+            elif op == EMPTY:
+                self.outstanding = False
+                self.empty_reply = True
+            elif op == RECALL:
+                n = len(self.buffer)
+                self.buffer.clear()
+                self.owe_ack = False
+                self.sender.put((RETURN, [_b(self.consumed), _b(n)]))
+            elif op in (PUTACK, SIZEIS, JOINED, CANCELLED):
+                self.replies[bytes(parts[0])] = [op, *parts[1:]]
+
+    def _receive_once(self, timeout: float | None) -> None:
+        """Receive one frame, with the cv released meanwhile (cv held on entry and exit)."""
+        self.reading = True
+        self.cv.release()
+        messages = None
+        try:
+            messages, _ = self.channel.recv(timeout=timeout)
+        except TransportTimeout:
+            pass
+        except TransportClosed:
+            self.lost = True
+        finally:
+            self.cv.acquire()
+            self.reading = False
+        if messages:
+            self._file(messages)
+        self.cv.notify_all()  # what came, and the reading is free again
+
+    def _wait(self, done: Callable[[], bool], deadline: float | None) -> bool:
+        """Until ``done()`` (cv held): receive on the connection while no other thread does,
+        else wait for the one that does. False once ``deadline`` passed."""
+        self.waiters += 1
+        try:
+            while not done():
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
+                if not self.reading and not self.lost:
+                    self._receive_once(remaining)
+                else:
+                    self.cv.wait(remaining)
+            return True
+        finally:
+            self.waiters -= 1
+            if not self.waiters:
+                self.quiet_since = time.monotonic()
                 self.cv.notify_all()
+
+    def _background(self) -> None:
+        with self.cv:
+            while not self.lost:
+                if self.waiters or self.reading:
+                    self.cv.wait()
+                    continue
+                quiet = time.monotonic() - self.quiet_since
+                if quiet < QUIET:
+                    self.cv.wait(QUIET - quiet)
+                    continue
+                if self.owe_ack and not self.outstanding:
+                    self.owe_ack = False
+                    self.sender.put((RETURN, [_b(self.consumed), _b(0)]))
+                self._receive_once(1.0)
 
     def request(self, op: int, extra: list[Any], timeout: float | None,
                 req: bytes | None = None) -> list[Any] | None:
@@ -472,11 +535,8 @@ class _Client:
         self.sender.put((op, [req, *extra]))
         deadline = None if timeout is None else time.monotonic() + timeout
         with self.cv:
-            while req not in self.replies:
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    return None
-                self.cv.wait(remaining)
+            if not self._wait(lambda: req in self.replies, deadline):
+                return None
             return self.replies.pop(req)
 
     def get(self, block: bool, timeout: float | None) -> list[Any]:
@@ -489,20 +549,22 @@ class _Client:
                 if not self.outstanding:
                     self.sender.put((GET, [_b(MAX_GRANT), _b(self.consumed), b"0" if block else b"1"]))
                     self.outstanding = True
+                    self.owe_ack = False  # the request carries it
                 if not block and self.empty_reply:
                     raise Empty
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
+                if deadline is not None and time.monotonic() >= deadline:
                     raise Empty
-                self.cv.wait(remaining if block else (remaining if remaining is not None else 5.0))
+                self._wait(lambda: bool(self.buffer) or not self.outstanding or self.empty_reply,
+                           deadline if block or deadline is not None else time.monotonic() + 5.0)
             parts = self.buffer.popleft()
             self.consumed += 1
             self.gets += 1
             if not self.buffer and not self.outstanding:
-                # The last item lent to this process is taken: say so now (not with the next
-                # request), so that the queue's creator sees it empty, as multiprocessing's
-                # would be once another process took everything.
-                self.sender.put((RETURN, [_b(self.consumed), _b(0)]))
+                # The last item lent to this process is taken: the broker learns it with the
+                # next request, or from the background thread within QUIET seconds, so that
+                # the queue's creator sees it empty, as multiprocessing's would be once
+                # another process took everything.
+                self.owe_ack = True
             if block and not self.outstanding and self.buffer and len(self.buffer) <= self.last_grant // 2:
                 # Ask for the next batch when half of this one is left: the round trip to
                 # the broker (slow when its process is busy: a GIL switch per reply)
@@ -510,6 +572,7 @@ class _Client:
                 # reader elsewhere still gets its share through RECALL).
                 self.sender.put((GET, [_b(MAX_GRANT), _b(self.consumed), b"0"]))
                 self.outstanding = True
+                self.owe_ack = False
             return parts
 
     def give_back(self) -> None:
