@@ -29,11 +29,11 @@ class Template:
     """The master's side of its template process (:mod:`fiber_local.template`): asks it to
     fork jobs, and learns their pids and exit statuses from it (they are its children)."""
 
-    def __init__(self, env: dict[str, str]) -> None:
+    def __init__(self, env: dict[str, str], preload: tuple[str, ...] = ()) -> None:
         self._sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             self.popen = subprocess.Popen(
-                [sys.executable, "-m", "fiber_local.template", str(theirs.fileno())],
+                [sys.executable, "-m", "fiber_local.template", str(theirs.fileno()), ",".join(preload)],
                 env=env, stdin=subprocess.DEVNULL, close_fds=True, pass_fds=(theirs.fileno(),))
         finally:
             theirs.close()

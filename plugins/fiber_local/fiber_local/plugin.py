@@ -115,18 +115,19 @@ class LocalJob:
         self.tail = bytearray()
 
 
-_templates: dict[tuple[str, str], Template | None] = {}
+_templates: dict[tuple[str, str, tuple[str, ...]], Template | None] = {}
 _templates_lock = threading.Lock()
 
 
-def _template_for(spec: Any, env: dict[str, str]) -> Template | None:
-    """This master's template for ``spec``'s session (started on first use), or None where
-    jobs cannot be forked (not Linux, another interpreter asked for, the template failed)."""
+def _template_for(spec: Any, env: dict[str, str], preload: tuple[str, ...]) -> Template | None:
+    """This master's template for ``spec``'s session and the ``preload`` modules (started on
+    first use), or None where jobs cannot be forked (not Linux, another interpreter asked
+    for, the template failed)."""
     if not sys.platform.startswith("linux") or not hasattr(socket, "send_fds"):
         return None
     if spec.python not in (None, sys.executable) or list(spec.args) != ["-m", "fibercore.worker"]:
         return None
-    key = (spec.session, spec.env.get("FIBER_MASTER_ADDR", ""))
+    key = (spec.session, spec.env.get("FIBER_MASTER_ADDR", ""), preload)
     with _templates_lock:
         if key in _templates:
             template = _templates[key]
@@ -135,7 +136,7 @@ def _template_for(spec: Any, env: dict[str, str]) -> Template | None:
         base = {k: v for k, v in env.items() if k not in spec.env or k in _TEMPLATE_KEEPS}
         base.update({TEMPLATE_ENV: "1", NAME_ENV: "fiber-local-template"})
         try:
-            template = Template(base)
+            template = Template(base, preload)
         except OSError as exc:
             sys.stderr.write(f"fiber-local: starting jobs as new interpreters ({exc}); set "
                              "local_fork_template = false to skip the template\n")
@@ -178,6 +179,10 @@ def fiber_config_options() -> list[Any]:
         Option("local_fork_template", bool, True,
                "Fork local jobs from a pre-imported template process (as multiprocessing's forkserver) "
                "instead of starting a new interpreter for each (Linux).", plugin="fiber-local"),
+        Option("local_template_preload", str, "",
+               "Modules the template process imports before it forks jobs, comma-separated (as "
+               "multiprocessing's set_forkserver_preload), e.g. numpy,torch,gymnasium: each job then "
+               "starts with them imported, in pages it shares with the other jobs.", plugin="fiber-local"),
     ]
 
 
@@ -230,7 +235,8 @@ def fiber_create_job(spec: Any, config: Any) -> Any:
     cwd = spec.cwd if spec.cwd and os.path.isdir(spec.cwd) else None
     _pump.echo = bool(config.get("local_echo_output", True))
     command = spec.argv(sys.executable)  # a job here runs this interpreter unless told otherwise
-    template = _template_for(spec, env) if config.get("local_fork_template", True) else None
+    preload = tuple(m.strip() for m in str(config.get("local_template_preload") or "").split(",") if m.strip())
+    template = _template_for(spec, env, preload) if config.get("local_fork_template", True) else None
     popen: subprocess.Popen[bytes] | Forked | None = None
     if template is not None:
         out_r, out_w = os.pipe()

@@ -1,6 +1,7 @@
 """The template process: one pre-imported interpreter per master that forks its local jobs.
 
-``python -m fiber_local.template FD`` imports fibercore's worker side once, then serves
+``python -m fiber_local.template FD [MODULES]`` imports fibercore's worker side once (and
+the comma-separated MODULES of ``local_template_preload``), then serves
 the master over the Unix socket FD (a ``SOCK_SEQPACKET`` pair the master made): each
 request is one job to start. The template forks; the child takes the job's environment,
 working directory, output pipes and secret (sent over the socket, never through the
@@ -157,6 +158,19 @@ def serve(sock: socket.socket) -> None:
             _send(sock, ("exit", pid, _returncode(status)))
 
 
+def _preload(names: str) -> None:
+    """Import the user's ``local_template_preload`` modules; one that fails is said and skipped
+    (each job then imports it itself, and meets the error where the program uses it)."""
+    import importlib
+
+    for name in filter(None, names.split(",")):
+        try:
+            importlib.import_module(name)
+        except Exception as exc:
+            sys.stderr.write(f"fiber-local template: cannot preload {name} ({type(exc).__name__}: {exc}); "
+                             "jobs import it themselves. Check local_template_preload.\n")
+
+
 def main() -> None:
     sock = socket.socket(fileno=int(sys.argv[1]))
     from fiber_local.forking import TEMPLATE_COMM
@@ -165,6 +179,7 @@ def main() -> None:
     from fibercore.backendkit import preload_worker
 
     preload_worker()
+    _preload(sys.argv[2] if len(sys.argv) > 2 else "")
     sock.send(pickle.dumps(("ready", os.getpid())))
     serve(sock)
 

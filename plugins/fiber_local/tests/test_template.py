@@ -77,3 +77,36 @@ def test_jobs_still_start_and_end_when_the_template_is_killed():
     while template in _template_pids() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert template not in _template_pids()
+
+
+_PRELOAD_MASTER = """
+import sys
+import fibercore as fc
+
+def report(q):
+    q.put("colorsys" in sys.modules)
+
+if __name__ == "__main__":
+    q = fc.Queue()
+    p = fc.Process(target=report, args=(q,))
+    p.start()
+    print("preloaded" if q.get(timeout=60) else "not preloaded", flush=True)
+    p.join(30)
+"""
+
+
+@pytest.mark.parametrize("preload, expected", [("", "not preloaded"),
+                                                ("colorsys, no_such_module_here", "preloaded")])
+def test_template_preload_imports_modules_before_jobs_fork(tmp_path, preload, expected):
+    import subprocess
+    import sys
+
+    script = tmp_path / "master.py"
+    script.write_text(_PRELOAD_MASTER)
+    env = {**os.environ, "FIBER_LOCAL_TEMPLATE_PRELOAD": preload}
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == expected
+    if preload:  # a module that cannot be imported is said in one line, and jobs still start
+        assert "cannot preload no_such_module_here (ModuleNotFoundError" in out.stderr
+        assert "Check local_template_preload" in out.stderr
