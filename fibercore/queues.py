@@ -51,9 +51,12 @@ Full = _stdlib_queue.Full
 (PUT, PUTSYNC, PUTACK, CANCEL, CANCELLED, GET, ITEM, EMPTY, RECALL, RETURN, SIZE, SIZEIS,
  TASKDONE, JOIN, JOINED) = range(1, 16)
 
-#: Most items, and bytes (at least one item), a reader is lent per request.
+#: Most items, and bytes (at least one item), a reader is lent per request. A grant is one
+#: frame: 1 MiB ones measured 1.5-1.9x the rate of 4 MiB ones for 10-1,000 KB items (a frame
+#: over the transport's record size is joined from pieces, and a reader's fresh multi-MiB
+#: buffer costs a page fault per page).
 MAX_GRANT = 4096
-GRANT_BYTES = 4 << 20
+GRANT_BYTES = 1 << 20
 _brokers: dict[str, _Broker] = {}
 _clients: PerProcess[str, _Client] = PerProcess()  # by queue id
 
