@@ -35,6 +35,7 @@ if TYPE_CHECKING:  # imported on first use below; a worker job only pays for wha
     from fibercore.pool import Pool
     from fibercore.queues import JoinableQueue, Queue, SimpleQueue
     from fibercore.ring import Ring
+    from fibercore.sharing import Shared, shared
 
 __version__ = "0.1.0"
 
@@ -51,6 +52,8 @@ _LAZY: dict[str, tuple[str, str]] = {
     "managers": ("fibercore.managers", ""),
     "experimental": ("fibercore.experimental", ""),
     "Ring": ("fibercore.ring", "Ring"),
+    "shared": ("fibercore.sharing", "shared"),
+    "Shared": ("fibercore.sharing", "Shared"),
     "Queue": ("fibercore.queues", "Queue"),
     "JoinableQueue": ("fibercore.queues", "JoinableQueue"),
     "SimpleQueue": ("fibercore.queues", "SimpleQueue"),
@@ -151,6 +154,7 @@ __all__ = [
     "Ring",
     "Queue",
     "SerializationError",
+    "Shared",
     "SimpleQueue",
     "TimeoutError",
     "WorkerLostError",
@@ -176,5 +180,6 @@ __all__ = [
     "set_executable",
     "set_forkserver_preload",
     "set_start_method",
+    "shared",
     "unregister_plugin",
 ]

@@ -79,6 +79,7 @@ CORE_OPTIONS: tuple[Option, ...] = (
     Option("heartbeat_timeout", float, 20.0, "A worker exits when its master is silent this long."),
     Option("pool_processes", int, None, "Workers of a Pool created with processes=None (default: the backend's, else the CPU count)."),
     Option("pool_start_concurrency", int, 0, "Jobs a Pool starts at once, the next when one is ready (0: all at once)."),
+    Option("pool_share_initargs", int, 1 << 20, "numpy arrays of at least this many bytes in a Pool's initargs are kept once per machine in shared memory, mapped copy-on-write by each worker (0: never)."),
     Option("pool_progress", bool, False, "Show a tqdm progress bar for every Pool map/imap (or pass progress=True to one call)."),
     Option("pool_max_task_retries", int, 3, "Times a Pool task is rerun after its worker died before it fails."),
     Option("tls", bool, False, "Run every endpoint over tls+tcp (needs tls_cert_file and tls_ca_file)."),

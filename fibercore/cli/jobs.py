@@ -107,4 +107,9 @@ def cleanup(args: argparse.Namespace) -> int:
     count = rt.plugins.cleanup_jobs(args.session)
     which = "session " + args.session if args.session else "sessions whose master is gone"
     print(f"removed {count} job(s) of {which} on backend {rt.backend}")
+    from fibercore.sharing import sweep
+
+    left = sweep()
+    if left:
+        print(f"removed {len(left)} shared object(s) of processes that are gone from /dev/shm")
     return 0

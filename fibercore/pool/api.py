@@ -112,12 +112,18 @@ class Pool:
         self._progress_config = bool(cfg.get("pool_progress"))
         self._processes = processes
         self._name = f"Pool-{next(_pool_numbers)}"
+        initargs = tuple(initargs)
         if initializer is not None:
-            dumps_or_explain(rt.serializer, (initializer, tuple(initargs)), "the pool's initializer and initargs")
+            dumps_or_explain(rt.serializer, (initializer, initargs), "the pool's initializer and initargs")
+            share_at = int(cfg.get("pool_share_initargs"))
+            if share_at > 0:  # a large array: one copy on the machine, not one per worker
+                from fibercore.sharing import share_large
+
+                initargs = share_large(initargs, share_at)
         self._core = Scheduler(
             processes=processes,
             initializer=initializer,
-            initargs=tuple(initargs),
+            initargs=initargs,
             maxtasks=maxtasksperchild,
             resources=resources,
             retries=int(retries),

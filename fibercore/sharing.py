@@ -1,0 +1,443 @@
+"""One copy per machine of a large read-only object: ``table = fibercore.shared(noise)``.
+
+The object is pickled once (protocol 5, its buffers out of band) into a file in
+``/dev/shm`` of the creating process's machine, mode 0600. The handle pickles to a
+name, a size and a random tag, so passing it (in ``initargs``, as an argument, through
+a Queue) costs a few dozen bytes. ``handle.value`` in any process gives the object:
+
+* on the **same machine**, the file is mapped: numpy arrays and other out-of-band
+  buffers are views of that one copy, read-only (``handle.value`` of an ES noise table
+  costs no memory per worker);
+* **elsewhere** (a container, a pod, a Batch job, an SSH host: their own ``/dev/shm``),
+  the bytes are read once from the creating process's synchronization service into a
+  file of that machine's ``/dev/shm``, which other jobs there map in turn;
+* in both, a process maps a segment once, however many times it receives the handle.
+
+The file is removed when the creating process drops its last handle (a Pool holds
+its ``initargs``), and at its exit; a process that mapped it keeps reading its
+mapping. After SIGKILL of the creator, Python's resource tracker removes it, and
+``fiber cleanup`` or the next program on the machine removes what is still left
+(:func:`sweep`). A file found under the name is used only if this user owns it, no
+one else may read or write it, and it starts with the handle's tag.
+
+Large numpy arrays in a Pool's ``initargs`` are shared this way without being asked
+(:func:`share_large`), mapped copy-on-write: each worker sees a writable array, as
+after ``fork``, and pages it writes become its own.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import mmap
+import os
+import pickle
+import struct
+import threading
+import time
+import weakref
+from typing import Any
+
+import cloudpickle
+
+from fibercore.lifetime import at_process_end
+from fibercore.sync.handles import Handle
+from fibercore.sync.states import State
+from fibercore.util import machine_identity
+
+log = logging.getLogger("fibercore.sharing")
+
+#: Where segments live (Linux's POSIX shared memory).
+SHM_DIR = "/dev/shm"
+#: Name prefix of segments made by fibercore: ``fcs-<pid>-<start ticks>-<random>`` in the
+#: creating process, ``fcs-copy-<tag>`` for a copy read from elsewhere.
+PREFIX = "fcs-"
+#: The segment's layout: tag, pickle length, number of buffers; then (offset, length)
+#: of each buffer; then the pickle; then the buffers, each at a multiple of ALIGN.
+_HEAD = struct.Struct("<16sQQ")
+_SPAN = struct.Struct("<QQ")
+ALIGN = 64
+#: Bytes per request when a process elsewhere reads a segment from its creator.
+CHUNK = 8 << 20
+#: Seconds a process waits for another one on its machine that is copying the same object.
+COPY_WAIT = 120.0
+#: Arrays of at least this many bytes in a Pool's ``initargs`` are shared (:func:`share_large`).
+SHARE_AT_LEAST = 1 << 20
+
+
+def _align(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def _pack(obj: Any) -> tuple[bytes, list[pickle.PickleBuffer], list[tuple[int, int]], int]:
+    """Pickle ``obj``: the pickle, its out-of-band buffers, where each goes, and the total size."""
+    buffers: list[pickle.PickleBuffer] = []
+    data = cloudpickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
+    pos = _align(_HEAD.size + _SPAN.size * len(buffers) + len(data))
+    spans = []
+    for buf in buffers:
+        size = buf.raw().nbytes
+        spans.append((pos, size))
+        pos = _align(pos + size)
+    return data, buffers, spans, max(pos, 1)
+
+
+def _start_ticks(pid: int) -> str:
+    """A process's start time in clock ticks since boot (with its pid: who made a segment)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rsplit(b")", 1)[1].split()[19].decode()
+    except (OSError, IndexError):
+        return "0"
+
+
+def _create(obj: Any) -> tuple[str, bytes, int]:
+    """Write ``obj`` into a new segment: its name, tag and size."""
+    data, buffers, spans, size = _pack(obj)
+    tag = os.urandom(16)
+    name = f"{PREFIX}{os.getpid()}-{_start_ticks(os.getpid())}-{os.urandom(6).hex()}"
+    path = os.path.join(SHM_DIR, name)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    try:
+        _track(name)
+        os.ftruncate(fd, size)
+        with mmap.mmap(fd, size) as mm:
+            pos = _HEAD.size
+            for span in spans:
+                mm[pos:pos + _SPAN.size] = _SPAN.pack(*span)
+                pos += _SPAN.size
+            mm[pos:pos + len(data)] = data
+            for (start, length), buf in zip(spans, buffers, strict=True):
+                mm[start:start + length] = buf.raw()
+            mm[:_HEAD.size] = _HEAD.pack(tag, len(data), len(spans))  # last: the segment is complete
+    except BaseException:
+        _unlink(name)
+        raise
+    finally:
+        os.close(fd)
+    return name, tag, size
+
+
+def _track(name: str) -> None:
+    """Let Python's resource tracker remove the segment if this process is killed."""
+    try:
+        from multiprocessing import resource_tracker
+
+        resource_tracker.register("/" + name, "shared_memory")
+    except Exception:  # no tracker (an embedded interpreter): fiber cleanup removes it
+        pass
+
+
+def _unlink(name: str) -> None:
+    try:
+        os.unlink(os.path.join(SHM_DIR, name))
+    except OSError:
+        pass
+    try:
+        from multiprocessing import resource_tracker
+
+        resource_tracker.unregister("/" + name, "shared_memory")
+    except Exception:
+        pass
+
+
+#: Mappings of this process by segment name: one per segment, however many handles.
+#: Weak: a mapping is unmapped when nothing built on it is left.
+_maps: dict[tuple[str, bool], weakref.ref[mmap.mmap]] = {}
+_maps_lock = threading.Lock()
+
+
+def _open_checked(path: str, tag: bytes, size: int) -> int | None | bool:
+    """A read-only descriptor of ``path`` when it is this object's segment; None when it is
+    not there or not complete yet (its tag is written last); False when it is not ours
+    (another owner, access for others, too small): never used."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid() or st.st_mode & 0o077 or st.st_size < size:
+            log.warning("%s is not the segment of this shared object (owner %d, mode %o, %d bytes): "
+                        "not used", path, st.st_uid, st.st_mode & 0o777, st.st_size)
+            os.close(fd)
+            return False
+        if not hmac.compare_digest(os.pread(fd, 16, 0), tag):
+            os.close(fd)
+            return None
+        return fd
+    except OSError:
+        os.close(fd)
+        return None
+
+
+def _map_fd(fd: int, size: int, private: bool) -> mmap.mmap:
+    if private:  # copy-on-write: writable, and a write stays in this process
+        return mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    return mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+
+
+def _load(mm: mmap.mmap, private: bool) -> Any:
+    """The object stored in a mapped segment; its buffers are views of the mapping."""
+    _tag, length, count = _HEAD.unpack_from(mm)
+    view = memoryview(mm)
+    if not private:
+        view = view.toreadonly()
+    spans = [_SPAN.unpack_from(mm, _HEAD.size + i * _SPAN.size) for i in range(count)]
+    start = _HEAD.size + count * _SPAN.size
+    buffers = [view[pos:pos + size] for pos, size in spans]
+    return pickle.loads(view[start:start + length], buffers=buffers)
+
+
+class SharedState(State):
+    """The creating process's side, in its synchronization service: bytes of the segment for
+    processes that cannot map it."""
+
+    kind = "shared object"
+
+    def __init__(self, name: str, size: int) -> None:
+        self.name = name
+        self.size = size
+        self._mm: mmap.mmap | None = None
+
+    def op_read(self, w: Any, offset: int, length: int) -> bytes:
+        if self._mm is None:
+            fd = os.open(os.path.join(SHM_DIR, self.name), os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                self._mm = mmap.mmap(fd, self.size, prot=mmap.PROT_READ)
+            finally:
+                os.close(fd)
+        offset = max(0, min(int(offset), self.size))
+        return self._mm[offset:offset + max(0, min(int(length), CHUNK))]
+
+
+class Shared(Handle):
+    """A read-only object kept once per machine; ``.value`` is the object.
+
+    Made by :func:`shared`. Pickles to its name (a few dozen bytes): pass it to jobs in
+    ``initargs``, as an argument or through a Queue. Keep it referenced in the creating
+    process while other processes may still open it.
+    """
+
+    _state_kind = "shared object"
+    _name: str
+    _tag: bytes
+    _size: int
+    _machine: str
+    _private: bool
+
+    def __init__(self, obj: Any) -> None:
+        self._name, self._tag, self._size = _create(obj)
+        self._machine = machine_identity()
+        self._private = False
+        self._create(SharedState(self._name, self._size))
+        weakref.finalize(self, _unlink, self._name)
+
+    @property
+    def nbytes(self) -> int:
+        """The segment's size: the object's pickle and buffers."""
+        return self._size
+
+    @property
+    def value(self) -> Any:
+        """The object, built on this machine's one copy (mapped once per process)."""
+        return _load(self._mapping(), self._private)
+
+    def _mapping(self) -> mmap.mmap:
+        key = (self._name, self._private)
+        with _maps_lock:
+            ref = _maps.get(key)
+            mm = ref() if ref is not None else None
+            if mm is not None:
+                return mm
+            mm = self._map_here() or self._copy_here()
+            _maps[key] = weakref.ref(mm, lambda _r, key=key: _maps.pop(key, None))
+            return mm
+
+    def _map_here(self) -> mmap.mmap | None:
+        """The creator's segment, when this process shares its machine's ``/dev/shm``."""
+        if not self._machine or self._machine != machine_identity():
+            return None
+        fd = _open_checked(os.path.join(SHM_DIR, self._name), self._tag, self._size)
+        if fd is None or fd is False:
+            if not self._remote():
+                raise ReferenceError(f"the shared object's segment {SHM_DIR}/{self._name} is gone")
+            return None
+        try:
+            return _map_fd(fd, self._size, self._private)
+        finally:
+            os.close(fd)
+
+    def _copy_here(self) -> mmap.mmap:
+        """A copy on this machine, read from the creator once for every process here: the first
+        process to ask makes it, the others wait for it and map it."""
+        name = f"{PREFIX}copy-{self._tag.hex()}"
+        path = os.path.join(SHM_DIR, name)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        except FileExistsError:
+            found = self._wait_for_copy(path)
+            if found is not None:
+                return found
+            return self._read_into(None)  # the copying process died: a copy of its own
+        except OSError:  # no /dev/shm here: a copy in this process's memory
+            return self._read_into(None)
+        try:
+            _track(name)
+            at_process_end(lambda: _unlink(name))
+            os.ftruncate(fd, self._size)
+            return self._read_into(fd)
+        except BaseException:
+            _unlink(name)
+            raise
+        finally:
+            os.close(fd)
+
+    def _wait_for_copy(self, path: str) -> mmap.mmap | None:
+        deadline = time.monotonic() + COPY_WAIT
+        while time.monotonic() < deadline:
+            fd = _open_checked(path, self._tag, self._size)
+            if fd is False:
+                return None
+            if fd is not None:
+                try:
+                    return _map_fd(fd, self._size, self._private)
+                finally:
+                    os.close(fd)
+            if not os.path.exists(path):
+                return None
+            time.sleep(0.01)
+        return None
+
+    def _read_into(self, fd: int | None) -> mmap.mmap:
+        """Read the segment from its creator into ``fd`` (a file of this machine) or into
+        anonymous memory; the tag goes in last, when the copy is complete."""
+        mm = mmap.mmap(-1 if fd is None else fd, self._size)
+        pos = 16
+        while pos < self._size:
+            chunk = self._call("read", pos, min(CHUNK, self._size - pos))
+            if not chunk:
+                raise ReferenceError("the shared object's creator no longer has it")
+            mm[pos:pos + len(chunk)] = chunk
+            pos += len(chunk)
+        mm[:16] = self._tag
+        if fd is None:
+            return mm
+        mm.close()
+        return _map_fd(fd, self._size, self._private)
+
+    def release(self) -> None:
+        """Remove the segment now (the creating process only); mappings stay readable."""
+        if self._remote():
+            raise ValueError("only the process that created a shared object can release it")
+        _unlink(self._name)
+
+    # -- pickling -----------------------------------------------------------------------------
+    def _extra(self) -> tuple[Any, ...]:
+        return (self._name, self._tag, self._size, self._machine, self._private)
+
+    def _restore(self, extra: tuple[Any, ...]) -> None:
+        self._name, self._tag, self._size, self._machine, self._private = extra
+
+    def __reduce__(self) -> Any:
+        from fibercore.runtime import credentials_for_child
+        from fibercore.sync.handles import _rebuild
+
+        # Not pinned: the segment goes with the creator's last handle, not at its exit.
+        return (_rebuild, (type(self), self._address, self._oid, self._creator, self._extra(),
+                           credentials_for_child()))
+
+    def __repr__(self) -> str:
+        return f"<fibercore.Shared {self._name} {self._size} bytes>"
+
+
+_swept: list[int] = []
+
+
+def shared(obj: Any) -> Shared:
+    """Keep ``obj`` once on this machine, read-only, for every process to map: a handle whose
+    ``.value`` is the object (numpy arrays in it are views of the one copy)."""
+    if not _swept:  # the first in this program: what killed programs left goes first
+        _swept.append(1)
+        sweep()
+    return Shared(obj)
+
+
+class CopyOnWrite:
+    """A large array of a Pool's ``initargs``, shared: unpickled, it is the array itself, a
+    copy-on-write mapping of the one copy on the machine (writable, writes stay private)."""
+
+    __slots__ = ("handle",)
+
+    def __init__(self, handle: Shared) -> None:
+        self.handle = handle
+
+    def __reduce__(self) -> Any:
+        return (_copy_on_write, (self.handle,))
+
+
+def _copy_on_write(handle: Shared) -> Any:
+    handle._private = True
+    return handle.value
+
+
+def share_large(values: tuple[Any, ...], at_least: int = SHARE_AT_LEAST) -> tuple[Any, ...]:
+    """``values`` with each numpy array of ``at_least`` bytes or more (at the top, or in a
+    tuple, list or dict there) replaced by a :class:`CopyOnWrite` of a new shared segment."""
+    np = _numpy()
+    if np is None:
+        return values
+
+    def swap(value: Any, depth: int) -> Any:
+        if type(value) is np.ndarray and value.nbytes >= at_least and value.dtype != object:
+            return CopyOnWrite(shared(value))
+        if depth >= 2:
+            return value
+        if type(value) in (tuple, list):
+            return type(value)(swap(v, depth + 1) for v in value)
+        if type(value) is dict:
+            return {k: swap(v, depth + 1) for k, v in value.items()}
+        return value
+
+    return tuple(swap(v, 0) for v in values)
+
+
+def _numpy() -> Any:
+    import sys
+
+    return sys.modules.get("numpy")  # arrays exist only if the program imported numpy
+
+
+def sweep() -> list[str]:
+    """Remove this user's segments whose creating process is gone (after a SIGKILL that also
+    took Python's resource tracker); their names say who made them. The names removed."""
+    removed = []
+    try:
+        names = os.listdir(SHM_DIR)
+    except OSError:
+        return removed
+    me = os.geteuid()
+    for name in names:
+        if not name.startswith(PREFIX) or name.startswith(PREFIX + "copy-"):
+            continue
+        fields = name[len(PREFIX):].split("-")
+        if len(fields) != 3 or not fields[0].isdigit():
+            continue
+        path = os.path.join(SHM_DIR, name)
+        try:
+            if os.stat(path).st_uid != me:
+                continue
+        except OSError:
+            continue
+        pid, ticks = int(fields[0]), fields[1]
+        if _start_ticks(pid) == ticks:  # still running
+            continue
+        try:
+            os.unlink(path)
+            removed.append(name)
+        except OSError:
+            pass
+    return removed
+
+
+__all__ = ["CopyOnWrite", "Shared", "SharedState", "share_large", "shared", "sweep"]
