@@ -100,7 +100,7 @@ def _create(obj: Any) -> tuple[str, bytes, int]:
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     try:
         _track(name)
-        os.ftruncate(fd, size)
+        _reserve(fd, size, path)
         with mmap.mmap(fd, size) as mm:
             pos = _HEAD.size
             for span in spans:
@@ -116,6 +116,23 @@ def _create(obj: Any) -> tuple[str, bytes, int]:
     finally:
         os.close(fd)
     return name, tag, size
+
+
+def _reserve(fd: int, size: int, path: str) -> None:
+    """Give the segment its size, all of it allocated now: a tmpfs that is too small fails here,
+    with the fix in the message, not with SIGBUS on a later write."""
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        free = 0
+        try:
+            st = os.statvfs(os.path.dirname(path))
+            free = st.f_bavail * st.f_frsize
+        except OSError:
+            pass
+        raise OSError(exc.errno, f"no room for a shared object of {size / 1e6:.1f} MB in {os.path.dirname(path)} "
+                      f"({free / 1e6:.1f} MB free): make it larger (a container: --shm-size; the "
+                      "docker backend: docker_shm_size)") from None
 
 
 def _track(name: str) -> None:
@@ -285,7 +302,12 @@ class Shared(Handle):
         try:
             _track(name)
             at_process_end(lambda: _unlink(name))
-            os.ftruncate(fd, self._size)
+            _reserve(fd, self._size, path)
+        except OSError:  # no room in this machine's /dev/shm: a copy in this process's memory
+            _unlink(name)
+            os.close(fd)
+            return self._read_into(None)
+        try:
             return self._read_into(fd)
         except BaseException:
             _unlink(name)

@@ -88,3 +88,12 @@ def count_both(lock: Any, counter: Any, synced: Any, n: int) -> None:
 def shm_visible(value: Any, out: Any) -> None:
     """Whether this container maps the master's shared memory (it should not: its own /dev/shm)."""
     out.put(value._local is not None)
+
+
+def shared_in_container(handle: Any, out: Any) -> None:
+    """What a container sees of a shared object: its value, and the copy in its own /dev/shm."""
+    import os
+
+    value = handle.value
+    copies = sorted(n for n in os.listdir("/dev/shm") if n.startswith("fcs-"))
+    out.put((bytes(value["blob"][:4]), len(value["blob"]), value["name"], copies, handle._map_here() is None))
