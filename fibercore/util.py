@@ -59,6 +59,38 @@ def install_excepthook() -> None:
     sys.excepthook = hook
 
 
+#: File descriptors a job costs the process that starts it (output pipes, connections).
+FDS_PER_JOB = 4
+
+
+def make_room_for_jobs(n: int, what: str) -> None:
+    """Before ``n`` more jobs start here: raise this process's soft limit of open files
+    towards the hard one when they would not fit, or say which limit to raise."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not POSIX
+        return
+    try:
+        open_now = len(os.listdir("/proc/self/fd"))
+    except OSError:
+        return
+    need = open_now + FDS_PER_JOB * n + 64
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or need <= soft:
+        return
+    if hard != resource.RLIM_INFINITY and need > hard:
+        from fibercore.errors import ProcessError
+
+        raise ProcessError(
+            f"{what} needs about {need:,} open files in this process, and at most {hard:,} are allowed "
+            f"(the hard limit, ulimit -Hn): raise it (ulimit -n {need} as root, LimitNOFILE= in a "
+            f"systemd unit, docker run --ulimit nofile={need}) or start fewer jobs")
+    target = hard if hard != resource.RLIM_INFINITY else max(need, 2 * soft)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(target, max(need, 2 * soft)), hard))
+    logging.getLogger("fibercore").debug("open files limit raised from %d to %d for %s", soft,
+                                          resource.getrlimit(resource.RLIMIT_NOFILE)[0], what)
+
+
 _machine: list[str] = []
 
 

@@ -485,3 +485,39 @@ def test_a_task_submitted_as_the_pool_breaks_fails_instead_of_waiting():
         core.add_chunk(batch, 0, core.serializer.dumps((T.square, (3,), {})))
         with pytest.raises(ProcessError, match="no job can start"):
             result.get(timeout=5)
+
+
+_FD_LIMITS = """
+import resource, sys
+import fibercore as mp
+soft, hard = int(sys.argv[1]), int(sys.argv[2])
+resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+def square(x):
+    return x * x
+if __name__ == "__main__":
+    try:
+        with mp.Pool(40) as pool:
+            print(sum(pool.map(square, range(100))), resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+    except mp.ProcessError as exc:
+        print("ProcessError:", exc)
+"""
+
+
+@pytest.mark.parametrize("soft, hard", [(128, 4096), (128, 150)])
+def test_a_pool_raises_the_open_files_limit_or_says_which_limit_to_raise(tmp_path, soft, hard):
+    """40 workers need about 250 descriptors: a soft limit of 128 is raised towards the hard
+    one; a hard limit of 150 cannot be, and the error names it and the fix."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "limits.py"
+    script.write_text(_FD_LIMITS)
+    out = subprocess.run([sys.executable, str(script), str(soft), str(hard)], capture_output=True,
+                         text=True, timeout=300, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    if hard > 1000:
+        total, raised = out.stdout.split()
+        assert int(total) == sum(x * x for x in range(100)) and 128 < int(raised) <= hard
+    else:
+        assert out.stdout.startswith("ProcessError:"), out.stdout
+        assert "ulimit -n" in out.stdout and "hard limit" in out.stdout

@@ -29,6 +29,7 @@ from fibercore.pool.results import (
 from fibercore.pool.scheduler import Scheduler
 from fibercore.runtime import get_runtime
 from fibercore.serialization import dumps_or_explain
+from fibercore.util import make_room_for_jobs
 
 _pool_numbers = itertools.count(1)
 
@@ -120,6 +121,8 @@ class Pool:
                 from fibercore.sharing import share_large
 
                 initargs = share_large(initargs, share_at)
+        most = max(processes, max_processes or 0)
+        make_room_for_jobs(most, f"{self._name} with {most} workers")
         self._core = Scheduler(
             processes=processes,
             initializer=initializer,

@@ -38,6 +38,7 @@ from fibercore.pool.records import (
 )
 from fibercore.pool.worker import run_worker
 from fibercore.process import Process
+from fibercore.util import make_room_for_jobs
 
 if TYPE_CHECKING:
     from fibercore.pool.scheduler import Scheduler
@@ -223,6 +224,7 @@ class Fleet:
             self.target = n
             live = self.live_count()
             if live < n:
+                make_room_for_jobs(n - live, f"{self.pool.name} resized to {n} workers")
                 self.pool.supervision.clear_backoff()
                 self.spawn(n - live)
             elif live > n:
