@@ -60,6 +60,8 @@ WORKER_MODULES = (
     "fibercore.pool",
     "fibercore.builtins.tcp_transport",
     "fibercore.builtins.cloudpickle_serializer",
+    "fibercore.sync.handles",
+    "fibercore.sharing",
 )
 
 

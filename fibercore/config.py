@@ -79,7 +79,6 @@ CORE_OPTIONS: tuple[Option, ...] = (
     Option("heartbeat_timeout", float, 20.0, "A worker exits when its master is silent this long."),
     Option("pool_processes", int, None, "Workers of a Pool created with processes=None (default: the backend's, else the CPU count)."),
     Option("pool_start_concurrency", int, 0, "Jobs a Pool starts at once, the next when one is ready (0: all at once)."),
-    Option("pool_share_initargs", int, 1 << 20, "numpy arrays of at least this many bytes in a Pool's initargs are kept once per machine in shared memory, mapped copy-on-write by each worker (0: never)."),
     Option("pool_progress", bool, False, "Show a tqdm progress bar for every Pool map/imap (or pass progress=True to one call)."),
     Option("pool_max_task_retries", int, 3, "Times a Pool task is rerun after its worker died before it fails."),
     Option("tls", bool, False, "Run every endpoint over tls+tcp (needs tls_cert_file and tls_ca_file)."),
@@ -92,6 +91,7 @@ CORE_OPTIONS: tuple[Option, ...] = (
     Option("max_connections", int, 4096, "Authenticated connections an endpoint accepts."),
     Option("max_frame_size", int, 1 << 30, "Largest frame (bytes) an authenticated peer may send; bigger objects fail with a clear error."),
     Option("spin_wait", float, 200.0, "Microseconds a waiting read may poll before it sleeps (0: never poll); it polls only while this machine runs no more tasks than it has CPUs and while polls catch their data, and then saves an idle CPU's wake-up per reply."),
+    Option("share_arrays_from", int, 1 << 20, "numpy arrays of at least this many bytes in a Pool's initargs, or in the __main__ globals a task's function uses, are kept once per machine in shared memory and mapped copy-on-write by each job (0: never)."),
     Option("queue_max_bytes", int, 256 << 20, "Bytes a queue's broker holds before put() blocks, as on a full queue."),
 )
 

@@ -411,7 +411,7 @@ def share_large(values: tuple[Any, ...], at_least: int = SHARE_AT_LEAST) -> tupl
         return values
 
     def swap(value: Any, depth: int) -> Any:
-        if type(value) is np.ndarray and value.nbytes >= at_least and value.dtype != object:
+        if type(value) is np.ndarray and value.nbytes >= at_least and not value.dtype.hasobject:
             return CopyOnWrite(shared(value))
         if depth >= 2:
             return value

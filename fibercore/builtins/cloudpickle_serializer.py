@@ -17,7 +17,9 @@ sent it (``theta = theta + step`` in the master between two maps reaches the
 workers). Otherwise the receiver keeps its own value: what an initializer or a
 cache stored there, as in a spawned child. Like multiprocessing, changes the
 sender makes *inside* an object (``theta += step`` on an array) do not travel:
-pass such values as arguments.
+pass such values as arguments. Under that rule a large numpy global (config
+``share_arrays_from``) travels as a handle to one shared copy on the machine
+(:mod:`fibercore.sharing`), made once per array.
 """
 
 from __future__ import annotations
@@ -215,6 +217,7 @@ class _Pickler(cloudpickle.Pickler):
     code objects that keep their file name."""
 
     dispatch_table = collections.ChainMap({types.CodeType: _code_reduce}, cloudpickle.Pickler.dispatch_table)
+    share_arrays_from = 0  # numpy globals of this many bytes or more go by shared memory (config)
 
     def reducer_override(self, obj: Any) -> Any:  # called for every non-atomic object: kept short
         mp_queues = sys.modules.get("multiprocessing.queues")  # none exists unless it was imported
@@ -230,8 +233,36 @@ class _Pickler(cloudpickle.Pickler):
             return reduced
         _make, (code, _base_globals, name, argdefs, closure), (state, slotstate), *_ = reduced
         versions = _versions_of(slotstate["__globals__"], func.__globals__)
+        if self.share_arrays_from > 0:
+            _share_large_globals(slotstate["__globals__"], self.share_arrays_from)
         return (_make_main_function, (code, name, argdefs, closure), (state, slotstate, versions), None, None,
                 _main_function_setstate)
+
+
+#: Large numpy globals of ``__main__`` already in shared memory: id -> (the array, its wrapper).
+_shared_globals: dict[int, tuple[weakref.ref[Any], Any]] = {}
+
+
+def _share_large_globals(carried: dict[str, Any], at_least: int) -> None:
+    """Replace each numpy array of ``at_least`` bytes among the globals a ``__main__`` function
+    carries by a copy-on-write mapping of one shared copy on the machine
+    (:mod:`fibercore.sharing`), made once per array: a task that reads a noise table as a
+    global costs a few dozen bytes a call, and one copy per machine. Safe under this
+    module's rule: a global travels again only when its name is rebound."""
+    np = sys.modules.get("numpy")
+    if np is None:
+        return
+    for name, value in carried.items():
+        if type(value) is not np.ndarray or value.nbytes < at_least or value.dtype.hasobject:
+            continue
+        known = _shared_globals.get(id(value))
+        if known is None or known[0]() is not value:
+            from fibercore.sharing import CopyOnWrite, shared
+
+            known = (weakref.ref(value), CopyOnWrite(shared(value)))
+            _shared_globals[id(value)] = known
+            weakref.finalize(value, _shared_globals.pop, id(value), None)
+        carried[name] = known[1]
 
 
 def _writable(part: Any) -> Any:
@@ -294,6 +325,9 @@ def _out_of_band(buffers: list[Any]) -> Callable[[pickle.PickleBuffer], bool]:
 class CloudpickleSerializer:
     name = "cloudpickle"
 
+    def __init__(self, share_arrays_from: int = 0) -> None:
+        self.share_arrays_from = share_arrays_from
+
     def dumps(self, obj: Any) -> list[Any]:
         if type(obj) in _PLAIN:
             return [pickle.dumps(obj, protocol=5)]
@@ -322,7 +356,9 @@ class CloudpickleSerializer:
     def _dumps(self, obj: Any) -> list[Any]:
         buffers: list[Any] = []
         with io.BytesIO() as out:
-            _Pickler(out, protocol=5, buffer_callback=_out_of_band(buffers)).dump(obj)
+            pickler = _Pickler(out, protocol=5, buffer_callback=_out_of_band(buffers))
+            pickler.share_arrays_from = self.share_arrays_from
+            pickler.dump(obj)
             data = out.getvalue()
         return [data, *buffers]
 
@@ -341,7 +377,7 @@ class CloudpicklePlugin:
 
     @hookimpl(trylast=True)
     def fiber_serializer(self, config: Any) -> CloudpickleSerializer:
-        return CloudpickleSerializer()
+        return CloudpickleSerializer(int(config.get("share_arrays_from") or 0))
 
 
 plugin = CloudpicklePlugin()

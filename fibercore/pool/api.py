@@ -116,7 +116,7 @@ class Pool:
         initargs = tuple(initargs)
         if initializer is not None:
             dumps_or_explain(rt.serializer, (initializer, initargs), "the pool's initializer and initargs")
-            share_at = int(cfg.get("pool_share_initargs"))
+            share_at = int(cfg.get("share_arrays_from"))
             if share_at > 0:  # a large array: one copy on the machine, not one per worker
                 from fibercore.sharing import share_large
 
