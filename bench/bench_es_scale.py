@@ -29,7 +29,6 @@ import multiprocessing
 import os
 import statistics
 import sys
-import threading
 import time
 from typing import Any
 
@@ -37,6 +36,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _es_tasks as T  # noqa: E402
+from _pool_clients import serve_as_workers  # noqa: E402
 
 POPULATION = 2048
 DIM = 256  # a small policy: theta of 256 floats
@@ -135,43 +135,6 @@ def _fits(lib_name: str, n: int, table: np.ndarray) -> bool:
 
 
 # -------------------------------------------------------------------------------- simulated workers
-def _clients(address: str, wids: list[int]) -> None:
-    """A fibercore job that plays many pool workers: one connection and thread each; it
-    answers every task at once (the master's own cost is what is measured)."""
-    from fibercore.errors import TransportClosed
-    from fibercore.pool import protocol as P
-    from fibercore.runtime import get_runtime
-
-    rt = get_runtime()
-    ser = rt.serializer
-
-    def client(wid: int) -> None:
-        ch = rt.dial("router", address, service="pool")
-        ch.send([(P.READY, [str(wid).encode(), str(os.getpid()).encode()])])
-        while True:
-            try:
-                messages, _ = ch.recv()
-            except TransportClosed:
-                return
-            out = []
-            for op, parts in messages:
-                if op == P.TASK:
-                    cid, _bid, kind, nfunc = P.read_task_header(parts[0])
-                    items = ser.loads(parts[1 + nfunc:])
-                    value = [(0.0, 0.0)] * len(items) if kind != P.APPLY else None
-                    out.append((P.RESULT, [P.result_header(cid, True, 1), *ser.dumps(value)]))
-                elif op in (P.STOP, P.STEAL):
-                    out.append((P.RETURNED, [P.ids([])]))
-            if out:
-                ch.send(out)
-
-    threads = [threading.Thread(target=client, args=(w,), daemon=True) for w in wids]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-
-
 def simulate(n: int, generations: int, per_job: int = 128) -> dict[str, Any]:
     """fibercore's master with ``n`` simulated workers: ES generations of POPULATION/2 tasks."""
     import fibercore
@@ -183,7 +146,8 @@ def simulate(n: int, generations: int, per_job: int = 128) -> dict[str, Any]:
     jobs = []
     t0 = time.perf_counter()
     for i in range(0, n, per_job):
-        p = fibercore.Process(target=_clients, args=(core.address, wids[i:i + per_job]), daemon=True)
+        p = fibercore.Process(target=serve_as_workers, args=(core.address, wids[i:i + per_job], "es_pairs"),
+                              daemon=True)
         p.start()
         jobs.append(p)
     while core.ready_count() < n + 1 and time.perf_counter() - t0 < 600:

@@ -30,11 +30,11 @@ import os
 import resource
 import statistics
 import sys
-import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _tasks  # noqa: E402
+from _pool_clients import serve_as_workers  # noqa: E402
 
 ROWS: list[tuple[str, str, float, float, str, str]] = []
 
@@ -192,42 +192,6 @@ def scale_local(workers: int) -> None:
     pool.terminate()
 
 
-def harness_clients(address: str, wids: list[int]) -> None:
-    """A fibercore job that plays many pool workers: one socket and thread per worker."""
-    from fibercore.errors import TransportClosed
-    from fibercore.pool import protocol as P
-    from fibercore.runtime import get_runtime
-
-    rt = get_runtime()
-    ser = rt.serializer
-
-    def client(wid: int) -> None:
-        ch = rt.dial("router", address, service="pool")
-        ch.send([(P.READY, [str(wid).encode(), str(os.getpid()).encode()])])
-        while True:
-            try:
-                messages, _ = ch.recv()
-            except TransportClosed:
-                return
-            out = []
-            for op, parts in messages:
-                if op == P.TASK:
-                    cid, _bid, kind, nfunc = P.read_task_header(parts[0])
-                    data = ser.loads(parts[1 + nfunc:])
-                    value = data if kind != P.APPLY else None
-                    out.append((P.RESULT, [P.result_header(cid, True, 1), *ser.dumps(value)]))
-                elif op in (P.STOP, P.STEAL):
-                    out.append((P.RETURNED, [P.ids([])]))
-            if out:
-                ch.send(out)
-
-    threads = [threading.Thread(target=client, args=(w,), daemon=True) for w in wids]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-
-
 def _reserve_external_slots(core, n: int) -> list[int]:
     """Reserve ``n`` worker slots of a pool for clients it did not start (this benchmark's
     harness; it reaches into the pool's fleet on purpose)."""
@@ -244,7 +208,7 @@ def scale_clients(clients: int, per_job: int) -> None:
     wids = _reserve_external_slots(core, clients)
     jobs = []
     for i in range(0, clients, per_job):
-        p = fibercore.Process(target=harness_clients, args=(core.address, wids[i:i + per_job]), daemon=True)
+        p = fibercore.Process(target=serve_as_workers, args=(core.address, wids[i:i + per_job]), daemon=True)
         p.start()
         jobs.append(p)
     t0 = time.perf_counter()

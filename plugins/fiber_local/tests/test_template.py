@@ -81,10 +81,11 @@ def test_jobs_still_start_and_end_when_the_template_is_killed():
 
 _PRELOAD_MASTER = """
 import sys
+{imports}
 import fibercore as fc
 
 def report(q):
-    q.put("colorsys" in sys.modules)
+    q.put({module!r} in sys.modules)
 
 if __name__ == "__main__":
     q = fc.Queue()
@@ -95,53 +96,35 @@ if __name__ == "__main__":
 """
 
 
-@pytest.mark.parametrize("preload, expected", [("", "not preloaded"),
-                                                ("colorsys, no_such_module_here", "preloaded")])
-def test_template_preload_imports_modules_before_jobs_fork(tmp_path, preload, expected):
+def _run_master(tmp_path, preload: str | None, module: str, imports: str = ""):
+    """A master whose job reports whether ``module`` was imported when it started."""
     import subprocess
     import sys
 
     script = tmp_path / "master.py"
-    script.write_text(_PRELOAD_MASTER)
-    env = {**os.environ, "FIBER_LOCAL_TEMPLATE_PRELOAD": preload}
+    script.write_text(_PRELOAD_MASTER.format(imports=imports, module=module))
+    env = {k: v for k, v in os.environ.items() if k != "FIBER_LOCAL_TEMPLATE_PRELOAD"}
+    if preload is not None:
+        env["FIBER_LOCAL_TEMPLATE_PRELOAD"] = preload
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
+    return out
+
+
+@pytest.mark.parametrize("preload, expected", [("", "not preloaded"),
+                                                ("colorsys, no_such_module_here", "preloaded")])
+def test_template_preload_imports_modules_before_jobs_fork(tmp_path, preload, expected):
+    out = _run_master(tmp_path, preload, "colorsys")
     assert out.stdout.strip() == expected
     if preload:  # a module that cannot be imported is said in one line, and jobs still start
         assert "cannot preload no_such_module_here (ModuleNotFoundError" in out.stderr
         assert "Check local_template_preload" in out.stderr
 
 
-_AUTO_MASTER = """
-import sys
-import numpy
-import fibercore as fc
-
-def report(q):
-    q.put("numpy" in sys.modules)
-
-if __name__ == "__main__":
-    q = fc.Queue()
-    p = fc.Process(target=report, args=(q,))
-    p.start()
-    print("preloaded" if q.get(timeout=60) else "not preloaded", flush=True)
-    p.join(30)
-"""
-
-
 @pytest.mark.parametrize("preload, expected", [(None, "preloaded"), ("none", "not preloaded")])
 def test_template_preloads_numpy_when_the_program_imported_it(tmp_path, preload, expected):
     """The default (auto): a program that imported numpy gets jobs forked with numpy imported
     (the job's target never imports it here); ``none`` turns that off."""
-    import subprocess
-    import sys
-
     pytest.importorskip("numpy")
-    script = tmp_path / "master.py"
-    script.write_text(_AUTO_MASTER)
-    env = {k: v for k, v in os.environ.items() if k != "FIBER_LOCAL_TEMPLATE_PRELOAD"}
-    if preload is not None:
-        env["FIBER_LOCAL_TEMPLATE_PRELOAD"] = preload
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
+    out = _run_master(tmp_path, preload, "numpy", imports="import numpy")
     assert out.stdout.strip() == expected
