@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import collections
 import errno
+import itertools
 import os
 import random
 import select
@@ -1231,9 +1232,12 @@ def _peer_uid(sock: socket.socket) -> int:
 #: the listener is our own user's (checked), and a busy master is slow, not hostile.
 LOCAL_DEADLINE = 2.0
 #: A dialer whose connection is closed before the listener's HELLO (refused for room: many
-#: jobs of one node connecting at once, or a flood) tries again after these pauses (each
-#: scaled by a random 0.5-1.5, so a crowd does not come back at one instant).
+#: jobs of one node connecting at once, or a flood) tries again after these pauses, the last
+#: one repeated, for up to :data:`DIAL_PATIENCE` seconds (each pause scaled by a random
+#: 0.5-1.5, so a crowd does not come back at one instant). 4,096 workers connecting to one
+#: master at once on 2 cores took longer than the first seven pauses.
 DIAL_RETRIES = (0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 3.2)
+DIAL_PATIENCE = 120.0
 
 
 def _dial_local(address: str, auth: Authenticator, spin: float) -> TcpDialer | None:
@@ -1270,14 +1274,17 @@ def _dial(address: str, auth: Authenticator, tls: ssl.SSLContext | None, server_
         dialer = _dial_local(address, auth, spin)
         if dialer is not None:
             return dialer
-    for pause in (*DIAL_RETRIES, None):
+    give_up = time.monotonic() + DIAL_PATIENCE
+    for attempt in itertools.count():
         try:
             return _dial_tcp(address, host, port, auth, tls, server_name, spin)
         except _Refused as exc:
-            if pause is None:
+            pause = DIAL_RETRIES[min(attempt, len(DIAL_RETRIES) - 1)] * (0.5 + random.random())
+            if time.monotonic() + pause > give_up:
                 raise TransportError(f"{address} refused the connection before authenticating ({exc}), "
-                                     f"{len(DIAL_RETRIES) + 1} times: the listener is overloaded or closing") from None
-            time.sleep(pause * (0.5 + random.random()))
+                                     f"{attempt + 1} times in {DIAL_PATIENCE:.0f} s: the listener is overloaded "
+                                     "or closing") from None
+            time.sleep(pause)
     raise AssertionError("unreachable")  # pragma: no cover
 
 
