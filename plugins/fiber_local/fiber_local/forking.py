@@ -50,6 +50,7 @@ class Template:
         self._next = 0
         self._replies: dict[int, tuple[Any, ...]] = {}
         self.exits: dict[int, int] = {}
+        self.started: set[int] = set()
         self.alive = True
         threading.Thread(target=self._read, name="fiber-local-template", daemon=True).start()
 
@@ -93,7 +94,14 @@ class Template:
             reply = self._replies.pop(ident)
         if reply[0] != "started":
             raise OSError(reply[2])
+        self.started.add(int(reply[2]))
         return int(reply[2])
+
+    @property
+    def busy(self) -> bool:
+        """Whether a job it forked may still run."""
+        with self._cv:
+            return any(pid not in self.exits for pid in self.started)
 
     def wait(self, pid: int, timeout: float | None) -> int | None:
         """``pid``'s returncode once it ended (within ``timeout``), else None."""

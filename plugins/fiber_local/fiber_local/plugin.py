@@ -17,6 +17,7 @@ machine); images and volumes.
 
 from __future__ import annotations
 
+import atexit
 import os
 import selectors
 import shutil
@@ -158,7 +159,27 @@ def _template_for(spec: Any, env: dict[str, str], preload: tuple[str, ...]) -> T
                              "local_fork_template = false to skip the template\n")
             template = None
         _templates[key] = template
+        _retire_templates(spec.session)
         return template
+
+
+def _retire_templates(session: str) -> None:
+    """Close the templates of earlier sessions of this process (``fibercore.init()`` began a
+    new one) that no running job needs: each is a process and a socket (lock held)."""
+    for key, template in list(_templates.items()):
+        if key[0] != session and (template is None or not template.busy):
+            if template is not None:
+                template.close()
+            del _templates[key]
+
+
+@atexit.register
+def _close_templates() -> None:
+    """At the master's exit: each template sees its socket close and exits (its jobs, if any
+    are left, stop through their own watchdogs and the master's cleanup)."""
+    for template in list(_templates.values()):
+        if template is not None:
+            template.close()
 
 
 def _forget_templates() -> None:
@@ -405,7 +426,8 @@ def fiber_list_jobs(session: str | None) -> list[Any]:
             created = os.stat(f"/proc/{pid}").st_mtime
         except OSError:
             created = None
-        name = (process_name(pid) if TEMPLATE_ENV.encode() in env else None) or env.get(NAME_ENV.encode(), b"?").decode()
+        name = ((process_name(pid) if TEMPLATE_ENV.encode() in env else None)
+                or env.get(NAME_ENV.encode(), b"?").decode())
         out.append(JobInfo(jid=str(pid), backend=NAME, session=env[b"FIBER_SESSION"].decode(), name=name,
                            status=JobStatus.RUNNING, host="127.0.0.1", created=created))
     return out

@@ -61,6 +61,21 @@ def test_a_forked_job_is_its_own_process_with_its_own_name_and_no_secret_anywher
             assert secret not in fh.read()
 
 
+def test_a_new_session_retires_the_templates_of_earlier_ones():
+    """fibercore.init() begins a new session, whose jobs fork from a new template: the earlier
+    sessions' templates, with no job left, exit (a process and a socket each)."""
+    for _ in range(3):
+        fc.init()
+        p = fc.Process(target=sleep_for, args=(0.0,))
+        p.start()
+        p.join(60)
+        assert p.exitcode == 0
+    deadline = time.monotonic() + 10
+    while len(_template_pids()) > 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(_template_pids()) == 1
+
+
 def test_jobs_still_start_and_end_when_the_template_is_killed():
     first = fc.Process(target=sleep_for, args=(1.0,))
     first.start()
