@@ -20,7 +20,7 @@ The core never calls ``pm.hook`` directly: it goes through the typed facade in
 
 Hooks, in lifecycle order:
 
-    discovery ─ fiber_detect_backend, fiber_config_options
+    discovery ─ fiber_detect_backend, fiber_config_defaults, fiber_config_options
     jobs      ─ fiber_listen_host, fiber_create_job, fiber_job_status,
                 fiber_wait_job, fiber_terminate_job, fiber_job_logs, fiber_cleanup_jobs,
                 fiber_job_secret
@@ -118,6 +118,10 @@ def fiber_listen_host(config: ConfigView) -> str | None:
     result wins. The local backend answers ``127.0.0.1``, Kubernetes the pod IP,
     Docker in bridge mode the gateway address. Listeners bind this address only
     (not all interfaces) unless ``listen_host``/``bind_host`` is configured.
+
+    :param config: the effective configuration (the backend's own keys included).
+    :return: an address (IP or host name) jobs of this backend can connect to, or None
+        when this plugin is not the selected backend.
     """
 
 
@@ -149,6 +153,11 @@ def fiber_job_status(job: Job, config: ConfigView) -> JobStatus | None:
 
     Called by the core while waiting for a job to connect and by ``is_alive()``.
     First non-None wins. Should be cheap; backends with remote APIs cache or batch.
+
+    :param job: a handle this backend's ``fiber_create_job`` returned.
+    :param config: the effective configuration.
+    :return: the job's state (``exitcode`` set once it ended), or None when ``job`` is
+        not this backend's.
     """
 
 
@@ -160,6 +169,9 @@ def fiber_wait_job(job: Job, timeout: float | None, config: ConfigView) -> int |
     wins, so a backend that times out returns None and the core treats it as "still
     running".
 
+    :param job: a handle this backend's ``fiber_create_job`` returned.
+    :param timeout: seconds to wait at most; None: until the job ends.
+    :param config: the effective configuration.
     :return: the exit code, using multiprocessing's convention (negative signal
         number when the job was killed by a signal), or None on timeout.
     """
@@ -172,6 +184,9 @@ def fiber_terminate_job(job: Job, force: bool, config: ConfigView) -> bool | Non
     Called by ``Process.terminate()`` (``force=False``, SIGTERM where possible),
     ``Process.kill()`` (``force=True``, SIGKILL) and at session cleanup.
 
+    :param job: a handle this backend's ``fiber_create_job`` returned.
+    :param force: True: kill at once (SIGKILL); False: ask it to stop (SIGTERM).
+    :param config: the effective configuration.
     :return: True when handled (so later plugins are not asked).
     """
 
@@ -182,16 +197,28 @@ def fiber_job_logs(job: Job, config: ConfigView) -> str | None:
 
     Called when a job fails to start or dies unexpectedly, to put its output in the
     error. First non-None wins. Return a short explanation when no logs exist yet.
+
+    :param job: a handle this backend's ``fiber_create_job`` returned.
+    :param config: the effective configuration.
+    :return: the job's output (its end matters most: the core quotes the last few
+        thousand characters), or None when ``job`` is not this backend's.
     """
 
 
 @hookspec(firstresult=True)
 def fiber_cleanup_jobs(session: str | None, config: ConfigView) -> int | None:
-    """Remove jobs left behind by a session (None: every fiber session).
+    """Remove jobs left behind by a session.
 
-    Called by ``fiber cleanup``. Uses the session label every job carries.
+    Called by ``fiber cleanup`` and by ``fiber run`` when its master ended. Uses the
+    session label every job carries. First non-None wins.
 
-    :return: how many jobs were stopped or removed.
+    :param session: a session id: stop and remove every job of that session. None: the
+        jobs of every session this backend can see that were left behind (fiber-local
+        spares the jobs of masters that still run; fiber-docker and fiber-aws remove
+        every session's).
+    :param config: the effective configuration.
+    :return: how many jobs were stopped or removed, or None when this plugin is not the
+        selected backend.
     """
 
 
@@ -206,6 +233,7 @@ def fiber_job_secret(session: str, config: ConfigView) -> str | None:
 
     :param session: the job's session id (``FIBER_SESSION``).
     :param config: the job's effective configuration.
+    :return: the secret as hex, or None when this backend did not deliver it.
     :raises Exception: with a message that says what to fix (missing permission...).
     """
 
@@ -224,6 +252,8 @@ def fiber_list_jobs(session: str | None, config: ConfigView) -> list[JobInfo] | 
     carries (containers, pods, Batch tags, a local process's environment). First
     non-None wins; a backend without it makes ``fiber ps`` say so.
 
+    :param session: a session id, or None for every session this backend can see.
+    :param config: the effective configuration.
     :return: :class:`fibercore.types.JobInfo` records, finished jobs the backend still
         knows included.
     """
@@ -235,6 +265,10 @@ def fiber_read_job_logs(jid: str, config: ConfigView) -> str | None:
 
     Called by ``fiber logs JOB``. First non-None wins. Return None when the job is
     not this backend's; raise with a clear message when it is but its logs are gone.
+
+    :param jid: the job id ``fiber ps`` showed (:attr:`fibercore.types.JobInfo.jid`).
+    :param config: the effective configuration.
+    :return: the job's output so far, or None.
     """
 
 
@@ -245,6 +279,10 @@ def fiber_follow_logs(job: Job, config: ConfigView) -> Iterator[str] | None:
     Called by ``fiber run`` to stream the output of the master it started. A backend
     that already echoes each job's output to the creating process (local, docker)
     need not implement it; ``fiber run`` then relies on the echo.
+
+    :param job: a handle this backend's ``fiber_create_job`` returned.
+    :param config: the effective configuration.
+    :return: an iterator of text chunks, or None when this backend does not stream.
     """
 
 
@@ -254,8 +292,15 @@ def fiber_copy_files(jid: str, source: str, destination: str, into_job: bool,
     """Copy a file or directory into a job (``into_job``) or out of it.
 
     Called by ``fiber cp``. A path inside the job is relative to its working
-    directory. Return True when done, None when the job is not this backend's; raise
-    with the reason (and the fix) when the backend cannot reach the job's files.
+    directory. First non-None wins.
+
+    :param jid: the job id ``fiber ps`` showed.
+    :param source: the path to copy (inside the job when ``into_job`` is False).
+    :param destination: where it goes (inside the job when ``into_job`` is True).
+    :param into_job: the direction: True copies from here into the job.
+    :param config: the effective configuration.
+    :return: True when done, None when the job is not this backend's.
+    :raises Exception: with the reason (and the fix) when the job's files are out of reach.
     """
 
 
@@ -266,7 +311,10 @@ def fiber_doctor(config: ConfigView) -> list[Check]:
     Called by ``fiber doctor`` for every installed backend, with that backend's
     configuration. Each :class:`fibercore.types.Check` says what was checked, whether
     it holds, and for each "no" the fix. Must be quick (a few seconds at most) and must
-    not start jobs.
+    not start jobs. Results of every plugin are concatenated.
+
+    :param config: the configuration with this backend selected.
+    :return: the checks, in the order to show them.
     """
 
 
@@ -276,7 +324,7 @@ def fiber_doctor(config: ConfigView) -> list[Check]:
 
 
 @hookspec(firstresult=True)
-def fiber_transport(config: Any) -> Transport | None:
+def fiber_transport(config: ConfigView) -> Transport | None:
     """Provide the transport that moves frames between processes.
 
     Called once per process by the core, which keeps the result; hot paths call the
@@ -285,20 +333,22 @@ def fiber_transport(config: Any) -> Transport | None:
     other provider replaces it. A transport must run the core's handshake on every
     connection before reporting it (see :mod:`fibercore.transport`).
 
-    :param config: the effective :class:`fibercore.config.Config` (TLS settings...).
-    :return: an object implementing :class:`fibercore.transport.Transport`.
+    :param config: the effective configuration (TLS settings, ``transport``...).
+    :return: an object implementing :class:`fibercore.transport.Transport`, or None to
+        leave the choice to a later provider.
     """
 
 
 @hookspec(firstresult=True)
-def fiber_serializer(config: Any) -> Serializer | None:
+def fiber_serializer(config: ConfigView) -> Serializer | None:
     """Provide the serializer for objects sent between processes.
 
     Called once per process by the core. Built-in: cloudpickle with pickle protocol
     5 out-of-band buffers (registered ``trylast``). Deserialization only ever
-    happens after a frame has been authenticated by the core.
+    happens after a frame has been authenticated by the core. First non-None wins.
 
-    :return: an object implementing :class:`fibercore.serialization.Serializer`.
+    :param config: the effective configuration (``share_arrays_from``...).
+    :return: an object implementing :class:`fibercore.serialization.Serializer`, or None.
     """
 
 
@@ -309,17 +359,29 @@ def fiber_serializer(config: Any) -> Serializer | None:
 
 @hookspec
 def fiber_job_started(job: Job, spec: JobSpec) -> None:
-    """Called in the master after ``fiber_create_job`` returned ``job``."""
+    """Called in the master after ``fiber_create_job`` returned ``job``, on every plugin;
+    its results are ignored.
+
+    :param job: the handle the backend returned.
+    :param spec: what the job runs (its secret included: never log ``spec.secret_env``).
+    """
 
 
 @hookspec
 def fiber_job_exited(job: Job, exitcode: int | None) -> None:
-    """Called in the master once it knows that ``job`` has ended (``exitcode``)."""
+    """Called in the master once it knows that ``job`` has ended, on every plugin; its
+    results are ignored.
+
+    :param job: the handle the backend returned.
+    :param exitcode: multiprocessing's convention (negative: killed by that signal), or
+        None when it cannot be told.
+    """
 
 
 @hookspec
 def fiber_worker_start(config: ConfigView) -> None:
-    """Called in a worker after it authenticated, before user code runs.
+    """Called in a worker after it authenticated, before user code runs, on every plugin;
+    results are ignored.
 
     :param config: the worker's effective configuration.
     """

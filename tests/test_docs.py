@@ -137,3 +137,23 @@ def test_the_docs_build_with_only_the_core_the_local_backend_and_the_docs_extra(
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout.strip() == str([x * x for x in range(10)])
     assert re.fullmatch(r"map: 10/10 tasks \(100%\), [0-9.]+ tasks/s\n", ran.stderr), ran.stderr
+
+
+def test_every_hook_parameter_and_result_is_documented_in_hookspecs():
+    """Each hookspec's docstring names every parameter (``:param name:``) and, unless the
+    hook is an observer (results ignored) or takes no arguments, its result (``:return:``)."""
+    import inspect
+
+    from fibercore import hookspecs
+
+    missing = []
+    for name, fn in vars(hookspecs).items():
+        if not name.startswith("fiber_") or not callable(fn):
+            continue
+        doc = inspect.getdoc(fn) or ""
+        params = list(inspect.signature(fn).parameters)
+        missing += [f"{name}({p})" for p in params if f":param {p}:" not in doc]
+        observer = "results are ignored" in " ".join(doc.split())
+        if not observer and ":return:" not in doc:
+            missing.append(f"{name}: its result")
+    assert not missing, f"undocumented in fibercore/hookspecs.py: {missing}"
