@@ -24,10 +24,10 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _tasks  # noqa: E402
-import bench_pool  # noqa: E402
+import _tasks
+import bench_pool
 
-import fibercore  # noqa: E402
+import fibercore
 
 ROWS: list[tuple[str, str, float, float]] = []
 

@@ -35,8 +35,8 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _es_tasks as T  # noqa: E402
-from _pool_clients import serve_as_workers  # noqa: E402
+import _es_tasks as T
+from _pool_clients import serve_as_workers
 
 POPULATION = 2048
 DIM = 256  # a small policy: theta of 256 floats

@@ -112,13 +112,17 @@ def main():
         print(f"{name:38} fibercore {fv:12.1f}  multiprocessing {mv:12.1f} {unit:8}  ratio {ratio:5.2f}  {target}",
               flush=True)
 
-    row("queue 100 B messages/s", "msg/s", lambda lib: queue_rate(lib, 100, N_SMALL), lambda lib: queue_rate(lib, 100, N_SMALL),
+    row("queue 100 B "
+        "messages/s", "msg/s", lambda lib: queue_rate(lib, 100, N_SMALL), lambda lib: queue_rate(lib, 100, N_SMALL),
         target="target >= 1.0")
-    row("queue 1 MB messages/s", "msg/s", lambda lib: queue_rate(lib, 1 << 20, N_BIG), lambda lib: queue_rate(lib, 1 << 20, N_BIG),
+    row("queue 1 MB "
+        "messages/s", "msg/s", lambda lib: queue_rate(lib, 1 << 20, N_BIG), lambda lib: queue_rate(lib, 1 << 20, N_BIG),
         target="target >= 1.0")
-    row("pipe 100 B messages/s", "msg/s", lambda lib: pipe_rate(lib, 100, N_SMALL), lambda lib: pipe_rate(lib, 100, N_SMALL),
+    row("pipe 100 B "
+        "messages/s", "msg/s", lambda lib: pipe_rate(lib, 100, N_SMALL), lambda lib: pipe_rate(lib, 100, N_SMALL),
         target="target >= 1.0")
-    row("pipe 1 MB messages/s", "msg/s", lambda lib: pipe_rate(lib, 1 << 20, N_BIG), lambda lib: pipe_rate(lib, 1 << 20, N_BIG),
+    row("pipe 1 MB "
+        "messages/s", "msg/s", lambda lib: pipe_rate(lib, 1 << 20, N_BIG), lambda lib: pipe_rate(lib, 1 << 20, N_BIG),
         target="target >= 1.0")
     row("pipe 100 B round trip (median)", "us", lambda lib: 1e6 * pipe_rtt(lib, 100, RTT_N),
         lambda lib: 1e6 * pipe_rtt(lib, 100, RTT_N), target="lower is better")

@@ -75,7 +75,8 @@ def main() -> None:
             for i, what in enumerate(("to first result", "all workers ready")):
                 k, d = got["kubernetes"][i], got["docker"][i]
                 rows.append((f"Pool({n}) {what}", k, d))
-                print(f"  Pool({n}) {what:<18} kubernetes {k:7.3f} s  docker {d:7.3f} s  ratio {k / d:5.2f}", flush=True)
+                print(f"  Pool({n}) {what:<18} kubernetes {k:7.3f} s  docker {d:7.3f} s  ratio "
+                      f"{k / d:5.2f}", flush=True)
     finally:
         fibercore.init()
         if state:

@@ -33,8 +33,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _tasks  # noqa: E402
-from _pool_clients import serve_as_workers  # noqa: E402
+import _tasks
+from _pool_clients import serve_as_workers
 
 ROWS: list[tuple[str, str, float, float, str, str]] = []
 
@@ -231,7 +231,8 @@ def scale_clients(clients: int, per_job: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("sections", nargs="*", default=["overhead", "noop", "rtt", "bulk", "startup", "mainfunc", "scale"])
+    parser.add_argument("sections", nargs="*",
+                        default=["overhead", "noop", "rtt", "bulk", "startup", "mainfunc", "scale"])
     parser.add_argument("--quick", action="store_true", help="smaller scale section (64 workers, 256 clients)")
     parser.add_argument("--workers", type=int, default=256, help="local workers in the scale section")
     parser.add_argument("--processes", default="2", metavar="N[,M]",

@@ -324,7 +324,8 @@ def main() -> int:
     methods = tuple(m for m in args.methods.split(",") if m)
     ROUNDS[0] = args.rounds
     libs = libraries(methods)
-    want = set(args.sections) or {"ppo", "vecenv", "pipe", "queue", "apply", "smallnp", "chunk1", "noop", "idle", "start",
+    want = set(args.sections) or {"ppo", "vecenv", "pipe", "queue", "apply", "smallnp", "chunk1", "noop", "idle",
+                                  "start",
                                   "uss"}
     quick = args.quick
     few, many = CORES, 4 * CORES
@@ -344,10 +345,12 @@ def main() -> int:
         measure("queue", "100 B round trip", "us", "lower", libs, m, partial(queue_rtt, n=1000 if quick else 3000))
     if "apply" in want:
         for n in (few, many):
-            measure("apply", f"Pool({n})", "us", "lower", libs, m, partial(apply_rtt, workers=n, n=500 if quick else 2000))
+            measure("apply", f"Pool({n})", "us", "lower", libs, m,
+                    partial(apply_rtt, workers=n, n=500 if quick else 2000))
     if "smallnp" in want:
         for n in (few, many):
-            measure("smallnp", f"Pool({n})", "ms/map", "lower", libs, m, partial(small_numpy, workers=n, maps=20 if quick else 50))
+            measure("smallnp", f"Pool({n})", "ms/map", "lower", libs, m,
+                    partial(small_numpy, workers=n, maps=20 if quick else 50))
     if "chunk1" in want:
         for n in (64,) if quick else (64, 128):
             measure("chunk1", f"Pool({n})", "tasks/s", "higher", libs, m,

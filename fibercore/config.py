@@ -1,4 +1,4 @@
-"""Typed, validated configuration (DESIGN.md §7).
+"""Typed, validated configuration (docs/configuration.md).
 
 Precedence, lowest first::
 
@@ -70,28 +70,40 @@ CORE_OPTIONS: tuple[Option, ...] = (
     Option("cpu_per_job", float, None, "CPUs requested per job unless @meta says otherwise."),
     Option("mem_per_job", int, None, "Memory (MiB) requested per job unless @meta says otherwise."),
     Option("gpu_per_job", int, None, "GPUs requested per job unless @meta says otherwise."),
-    Option("python_exe", str, None, "Interpreter that runs the worker (default: this one locally, `python3` in images)."),
+    Option("python_exe", str, None, "Interpreter that runs the worker (default: this one locally, `python3` in "
+                                    "images)."),
     Option("listen_host", str, None, "Address advertised to jobs (default: the backend's answer)."),
     Option("bind_host", str, None, "Address listeners bind (default: listen_host; never all interfaces unless set)."),
     Option("ipc_admin_master_port", int, 0, "Kept for compatibility with fiber; ports are chosen by the OS."),
     Option("start_timeout", float, 120.0, "Seconds Process.start() waits for the job to connect back."),
     Option("heartbeat_interval", float, 2.0, "Seconds between master heartbeats to workers."),
     Option("heartbeat_timeout", float, 20.0, "A worker exits when its master is silent this long."),
-    Option("pool_processes", int, None, "Workers of a Pool created with processes=None (default: the backend's, else the CPU count)."),
-    Option("pool_start_concurrency", int, 0, "Jobs a Pool starts at once, the next when one is ready (0: all at once)."),
-    Option("pool_progress", bool, False, "Show a tqdm progress bar for every Pool map/imap (or pass progress=True to one call)."),
+    Option("pool_processes", int, None, "Workers of a Pool created with processes=None (default: the backend's, else "
+                                        "the CPU count)."),
+    Option("pool_start_concurrency", int, 0, "Jobs a Pool starts at once, the next when one is ready (0: all at "
+                                             "once)."),
+    Option("pool_progress", bool, False, "Show a tqdm progress bar for every Pool map/imap (or pass progress=True to "
+                                         "one call)."),
     Option("pool_max_task_retries", int, 3, "Times a Pool task is rerun after its worker died before it fails."),
     Option("tls", bool, False, "Run every endpoint over tls+tcp (needs tls_cert_file and tls_ca_file)."),
     Option("tls_cert_file", str, None, "PEM file with this process's certificate and key."),
     Option("tls_ca_file", str, None, "PEM file of the CA that signed every peer's certificate."),
-    Option("tls_server_name", str, None, "Name every listener's certificate must carry (default: the host of the address dialled)."),
+    Option("tls_server_name", str, None, "Name every listener's certificate must carry (default: the host of the "
+                                         "address dialled)."),
     Option("handshake_timeout", float, 10.0, "Seconds a new connection has to authenticate before it is closed."),
-    Option("max_pending_connections", int, 64, "Unauthenticated connections an endpoint holds (more are refused; diallers retry)."),
-    Option("max_pending_per_peer", int, 32, "Unauthenticated connections one peer (a uid on Unix, an address on TCP) may hold on an endpoint."),
+    Option("max_pending_connections", int, 64, "Unauthenticated connections an endpoint holds (more are refused; "
+                                               "diallers retry)."),
+    Option("max_pending_per_peer", int, 32, "Unauthenticated connections one peer (a uid on Unix, an address on TCP) "
+                                            "may hold on an endpoint."),
     Option("max_connections", int, 4096, "Authenticated connections an endpoint accepts."),
-    Option("max_frame_size", int, 1 << 30, "Largest frame (bytes) an authenticated peer may send; bigger objects fail with a clear error."),
-    Option("spin_wait", float, 200.0, "Microseconds a waiting read may poll before it sleeps (0: never poll); it polls only while this machine runs no more tasks than it has CPUs and while polls catch their data, and then saves an idle CPU's wake-up per reply."),
-    Option("share_arrays_from", int, 1 << 20, "numpy arrays of at least this many bytes in a Pool's initargs, or in the __main__ globals a task's function uses, are kept once per machine in shared memory and mapped copy-on-write by each job (0: never)."),
+    Option("max_frame_size", int, 1 << 30, "Largest frame (bytes) an authenticated peer may send; bigger objects fail "
+                                           "with a clear error."),
+    Option("spin_wait", float, 200.0, "Microseconds a waiting read may poll before it sleeps (0: never poll); it polls "
+                                      "only while this machine runs no more tasks than it has CPUs and while polls "
+                                      "catch their data, and then saves an idle CPU's wake-up per reply."),
+    Option("share_arrays_from", int, 1 << 20, "numpy arrays of at least this many bytes in a Pool's initargs, or in "
+                                              "the __main__ globals a task's function uses, are kept once per machine "
+                                              "in shared memory and mapped copy-on-write by each job (0: never)."),
     Option("queue_max_bytes", int, 256 << 20, "Bytes a queue's broker holds before put() blocks, as on a full queue."),
 )
 

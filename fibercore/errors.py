@@ -48,7 +48,7 @@ class WorkerLostError(ProcessError):
     """
 
 
-class TimeoutError(multiprocessing.TimeoutError, FiberError):  # noqa: A001
+class TimeoutError(multiprocessing.TimeoutError, FiberError):
     """An operation did not finish in time."""
 
 

@@ -23,7 +23,8 @@ kind (RETURN, ERROR, PROXY)] + pickle``.
   when a proxy is collected).
 * Calls on one object from one thread run in order; calls from other threads, or on
   other objects, run in parallel (a call that blocks, such as a queue's ``get``, holds
-  up no other thread: a ``put`` from another thread of the same process reaches it). :class:`AsyncManager` proxies return a handle per call at once.
+  up no other thread: a ``put`` from another thread of the same process reaches it).
+  :class:`AsyncManager` proxies return a handle per call at once.
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ CREATE, CALL, INCREF, DECREF, SHUTDOWN = 1, 2, 3, 4, 6  # REPLY (5) and the kind
 PROXY = 2  # a reply kind beside rpc's RETURN and ERROR: the answer is a new shared object
 
 
-class BY_VALUE:  # noqa: N801 - a marker used like a constant (a class: it pickles by reference)
+class BY_VALUE:
     """The proxy type of a registered type whose objects are made in the server's own
     synchronization service (fibercore.sync) and returned by value: a handle that talks to
     that service directly."""
@@ -87,7 +88,7 @@ class Token:
 
     __slots__ = ("typeid", "address", "id")
 
-    def __init__(self, typeid: str, address: str, id: int) -> None:  # noqa: A002
+    def __init__(self, typeid: str, address: str, id: int) -> None:
         self.typeid, self.address, self.id = typeid, address, id
 
     def __getstate__(self) -> tuple[str, str, int]:
@@ -256,7 +257,8 @@ class _Server:
             with self.lock:
                 entry = self.objects.get(ident)
             if entry is None:
-                raise KeyError(f"shared object {ident} no longer exists on this manager (all its proxies were released)")
+                raise KeyError(f"shared object {ident} no longer exists on this manager (all its proxies were "
+                               "released)")
             obj, exposed, method_to_typeid, _ = entry
             if name == "#getvalue":
                 self._reply(peer, req, RETURN, obj)
@@ -505,7 +507,7 @@ def _xmlrpc_trip(value: Any) -> Any:
     return params[0]
 
 
-def MakeProxyType(name: str, exposed: Sequence[str], _cache: dict[Any, type] = {}) -> type:  # noqa: B006, N802
+def MakeProxyType(name: str, exposed: Sequence[str], _cache: dict[Any, type] = {}) -> type:  # noqa: B006
     """A BaseProxy subclass whose methods call the exposed methods of the referent."""
     exposed = tuple(exposed)
     try:
@@ -524,7 +526,7 @@ def MakeProxyType(name: str, exposed: Sequence[str], _cache: dict[Any, type] = {
     return proxytype
 
 
-def AutoProxy(token: Token, serializer: str = "fiber", manager: Any = None, authkey: bytes | None = None,  # noqa: N802
+def AutoProxy(token: Token, serializer: str = "fiber", manager: Any = None, authkey: bytes | None = None,
               exposed: Sequence[str] | None = None, incref: bool = True, manager_owned: bool = False) -> BaseProxy:
     """A proxy exposing the referent's public methods (or ``exposed``)."""
     if exposed is None:
@@ -633,7 +635,7 @@ class Value:
     value = property(get, set)
 
 
-def Array(typecode: str, sequence: Any, lock: bool = True) -> array.array:  # noqa: N802
+def Array(typecode: str, sequence: Any, lock: bool = True) -> array.array:
     return array.array(typecode, sequence)
 
 
@@ -774,7 +776,7 @@ class BaseManager:
         return proxy
 
     @classmethod
-    def register(cls, typeid: str, callable: Callable[..., Any] | None = None, proxytype: Any = None,  # noqa: A002
+    def register(cls, typeid: str, callable: Callable[..., Any] | None = None, proxytype: Any = None,
                  exposed: Sequence[str] | None = None, method_to_typeid: dict[str, str] | None = None,
                  create_method: bool = True) -> None:
         """Register a type (a factory) that managers of this class can create and serve."""

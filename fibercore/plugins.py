@@ -9,7 +9,7 @@ Entry-point groups:
     extensions that are always loaded (a transport, a serializer, an observer),
     unless ``FIBER_DISABLE_PLUGIN_AUTOLOAD`` is set.
 
-Backend selection, first that applies (DESIGN.md §2)::
+Backend selection, first that applies (docs/configuration.md)::
 
     fibercore.init(backend=) > FIBER_BACKEND > config file > fiber_detect_backend() > local
 
@@ -310,7 +310,7 @@ class Plugins:
         def after(outcome: Any, name: str, impls: Any, kwargs: dict[str, Any]) -> None:
             try:
                 result = outcome.get_result()
-            except BaseException as exc:  # noqa: BLE001 - only reported
+            except BaseException as exc:
                 result = f"raised {exc!r}"
             shown = "<secret>" if name in _SECRET_HOOKS and result else repr(result)
             out(f"[fiber hook] {name} returned {shown}\n")

@@ -9,7 +9,7 @@ with many connections on the listening side and one on the dialling side:
     queue brokers, pools, managers, the admin channel: ``recv`` tells which peer
     sent a frame and ``send(parts, peer)`` answers that peer only.
 
-Contract v2 (connection authentication, DESIGN.md §4): ``listen`` and ``dial`` get
+Contract v2 (connection authentication, docs/security.md): ``listen`` and ``dial`` get
 an :class:`~fibercore.wire.handshake.Authenticator`. For every connection, the
 transport runs one of its handshakes (``auth.listener()`` on an accepted connection,
 ``auth.dialer()`` on one it opened): it sends ``hs.start()`` if not None, passes

@@ -1,6 +1,6 @@
 """The vocabulary shared by the core and backend plugins.
 
-A backend plugin knows these types and nothing else of the core (DESIGN.md §1):
+A backend plugin knows these types and nothing else of the core (docs/architecture.md):
 `JobSpec` (what to run), `Job` (a handle to what runs), `JobStatus` (where it is),
 `Option` (a configuration key a plugin declares) and `ConfigView` (what a hook's
 ``config`` argument offers). Together with :mod:`fibercore.backendkit` and

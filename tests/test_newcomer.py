@@ -66,7 +66,8 @@ def test_a_backend_that_cannot_be_reached_is_one_line_naming_the_fix(tmp_path):
     assert done.returncode == 1
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, done.stderr
-    assert lines[0].startswith("fibercore: Pool-1 cannot run tasks: no worker can start: backend 'local' cannot start jobs: "
+    assert lines[0].startswith("fibercore: Pool-1 cannot run tasks: no worker can start: backend 'local' cannot start "
+                               "jobs: "
                                "cannot reach the daemon at /run/down.sock: start it (sudo downd &)")
     assert lines[0].endswith("(FIBER_DEBUG=1 shows the traceback)")
     debug = run_program(POOL_APP, tmp_path, env={**env, "FIBER_DEBUG": "1"})
@@ -99,7 +100,8 @@ def test_a_config_mistake_in_a_program_is_one_line(tmp_path):
         fibercore.init(start_timout=5)
     ''', tmp_path)
     assert done.returncode == 1
-    assert done.stderr == ("fibercore: unknown fibercore config key 'start_timout' in fibercore.init(start_timout=...): "
+    assert done.stderr == ("fibercore: unknown fibercore config key 'start_timout' in "
+                           "fibercore.init(start_timout=...): "
                            "did you mean 'start_timeout'? (FIBER_DEBUG=1 shows the traceback)\n")
 
 

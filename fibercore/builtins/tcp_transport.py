@@ -284,7 +284,8 @@ class _Conn:
                 except TransportTimeout:
                     if not sent_any:
                         raise
-                    raise _Broken(f"the peer stopped reading in the middle of a frame for {PARTIAL_WAIT:.0f} s") from None
+                    raise _Broken(f"the peer stopped reading in the middle of a frame for {PARTIAL_WAIT:.0f} "
+                                  "s") from None
                 continue
             except OSError as exc:
                 raise _Gone(str(exc)) from None

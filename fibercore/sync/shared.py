@@ -347,7 +347,7 @@ class SynchronizedArray(_Synchronized, RawArray):
         return f"<SynchronizedArray wrapper for {RawArray.__repr__(self)}>"
 
 
-def Value(typecode_or_type: Any, *args: Any, lock: Any = True, ctx: Any = None) -> Any:  # noqa: N802
+def Value(typecode_or_type: Any, *args: Any, lock: Any = True, ctx: Any = None) -> Any:
     """A shared ctypes value: with ``lock`` True (a new RLock) or a Lock/RLock, a
     synchronized wrapper (``get_lock()``, ``get_obj()``); with ``lock=False`` a raw value."""
     if lock is False:
@@ -355,7 +355,7 @@ def Value(typecode_or_type: Any, *args: Any, lock: Any = True, ctx: Any = None) 
     return SynchronizedValue(typecode_or_type, *args, lock=lock)
 
 
-def Array(typecode_or_type: Any, size_or_initializer: Any, *, lock: Any = True, ctx: Any = None) -> Any:  # noqa: N802
+def Array(typecode_or_type: Any, size_or_initializer: Any, *, lock: Any = True, ctx: Any = None) -> Any:
     """A shared ctypes array of a size or from a sequence; ``lock`` as for :func:`Value`."""
     if lock is False:
         return RawArray(typecode_or_type, size_or_initializer)

@@ -1,4 +1,4 @@
-"""The backend conformance suite (DESIGN.md §8): one class, bound per backend.
+"""The backend conformance suite (docs/writing-a-backend.md): one class, bound per backend.
 
 Each test starts real jobs through the public API, so it checks the backend's
 hooks as users exercise them: lifecycle, exit codes, terminate and kill, join

@@ -1,4 +1,4 @@
-"""The wire: how every byte crosses between fibercore processes (DESIGN.md §4).
+"""The wire: how every byte crosses between fibercore processes (docs/security.md).
 
 One module per job:
 

@@ -129,7 +129,8 @@ class Channel:
                 remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
                 data, peer = self.endpoint.recv(remaining)
                 if not isinstance(peer, Session):
-                    reject(self.address, peer, "the transport delivered a frame from a connection that did not authenticate")
+                    reject(self.address, peer, "the transport delivered a frame from a connection that did not "
+                                               "authenticate")
                     messages = []
                 else:
                     messages = self.open_frame(data, peer)
@@ -175,7 +176,8 @@ class Channel:
         return f"<Channel {self.kind} {'listening on' if self.listening else 'to'} {self.address}>"
 
 
-def transmit(session: Session, messages: Sequence[Message], send_parts: Callable[..., None], block: bool = True) -> None:
+def transmit(session: Session, messages: Sequence[Message], send_parts: Callable[..., None],
+             block: bool = True) -> None:
     """Seal ``messages`` into one frame of ``session`` and pass it to ``send_parts(parts, session, block)``.
 
     Sealing and sending happen under the session's lock, so frames leave in counter order.

@@ -19,8 +19,8 @@ connection and direction; the counter is still checked.
 
 A sender counts its frames from 1; a receiver accepts each counter once, within a
 window of the last :data:`REPLAY_WINDOW` (threads of one process may verify frames of
-one connection in a different order than they arrived). Keys are per connection and per direction, so a frame replayed on
-the same connection, sent back to its sender (reflected) or sent to another
+one connection in a different order than they arrived). Keys are per connection and per
+direction, so a frame replayed on the same connection, sent back to its sender (reflected) or sent to another
 endpoint fails. Nothing in a frame is looked at before the tag is checked.
 """
 

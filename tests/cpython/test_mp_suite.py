@@ -62,7 +62,7 @@ class FiberManagerMixin(T.BaseMixin):
     Barrier = property(operator.attrgetter("manager.Barrier"))
 
     @classmethod
-    def Pool(cls, *args, **kwds):  # noqa: N802
+    def Pool(cls, *args, **kwds):
         return cls.manager.Pool(*args, **kwds)
 
     @classmethod

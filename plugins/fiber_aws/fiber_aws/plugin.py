@@ -345,7 +345,8 @@ def fiber_config_options() -> list[Any]:
     return [
         opt("aws_region", str, None, "AWS region (default: AWS_REGION / the profile's)."),
         opt("aws_profile", str, None, "Named profile from ~/.aws/config (default: the environment's credentials)."),
-        opt("aws_endpoint_url", str, None, "Endpoint of an AWS-compatible service (moto, LocalStack) for Batch, Logs and SSM."),
+        opt("aws_endpoint_url", str, None, "Endpoint of an AWS-compatible service (moto, LocalStack) for Batch, Logs "
+                                           "and SSM."),
         opt("aws_job_queue", str, None, "Batch job queue (name or ARN) the jobs are submitted to. Required."),
         opt("aws_job_definition", str, None,
             "Registered job definition to use (name, name:revision or ARN); default: fibercore registers "
@@ -353,8 +354,10 @@ def fiber_config_options() -> list[Any]:
         opt("aws_job_role_arn", str, None, "IAM role the jobs run with (reads the SSM secret, calls AWS)."),
         opt("aws_execution_role_arn", str, None, "Execution role (required on Fargate: pulls the image, writes logs)."),
         opt("aws_platform", str, "EC2", "EC2 or FARGATE compute environments.", ("EC2", "FARGATE")),
-        opt("aws_public_ip", bool, False, "Fargate: give jobs a public IP (needed without a NAT gateway to pull images)."),
-        opt("aws_tags", str, None, "Extra tags on every job: KEY=VALUE,... (jobs always carry fiber-session and fiber-process)."),
+        opt("aws_public_ip", bool, False, "Fargate: give jobs a public IP (needed without a NAT gateway to pull "
+                                          "images)."),
+        opt("aws_tags", str, None, "Extra tags on every job: KEY=VALUE,... (jobs always carry fiber-session and "
+                                   "fiber-process)."),
         opt("aws_environment", str, None,
             "Extra environment for the jobs: KEY=VALUE,... (visible in DescribeJobs: no credentials here)."),
         opt("aws_secret_store", str, "ssm",

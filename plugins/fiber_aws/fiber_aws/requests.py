@@ -94,7 +94,8 @@ def submit_request(
     """The SubmitJob request for ``spec`` (fibercore.types.JobSpec)."""
     queue = cfg.get("aws_job_queue")
     if not queue:
-        raise AwsOptionError("no job queue: set aws_job_queue (FIBER_AWS_JOB_QUEUE) to your Batch job queue's name or ARN")
+        raise AwsOptionError("no job queue: set aws_job_queue (FIBER_AWS_JOB_QUEUE) to your Batch job queue's name or "
+                             "ARN")
     command = spec.argv("python")  # unless python_exe was set: the image's, found on its PATH
     env = dict(parse_pairs(cfg.get("aws_environment"), "aws_environment"))
     env.update(spec.env)

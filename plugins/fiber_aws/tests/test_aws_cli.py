@@ -25,7 +25,8 @@ def env(aws_config: dict[str, Any]) -> dict[str, str]:
 
 def active_jobs(moto_url: str, session: str) -> list[str]:
     batch = client(moto_url, "batch")
-    return [j["jobName"] for status in ACTIVE for j in batch.list_jobs(jobQueue=QUEUE, jobStatus=status)["jobSummaryList"]
+    return [j["jobName"] for status in ACTIVE
+            for j in batch.list_jobs(jobQueue=QUEUE, jobStatus=status)["jobSummaryList"]
             if j["jobName"].startswith(f"fiber-{session}-")]
 
 

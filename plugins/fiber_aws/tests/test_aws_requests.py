@@ -75,7 +75,8 @@ def test_job_definition_is_named_by_its_content() -> None:
     assert one == again and one["jobDefinitionName"] != other["jobDefinitionName"]
     assert one["containerProperties"]["jobRoleArn"] == "arn:aws:iam::1:role/r"
     assert one["retryStrategy"] == {"attempts": 1}
-    fargate = job_definition("me/rl:1", {"aws_platform": "FARGATE", "aws_execution_role_arn": "arn:e", "cpu_per_job": 0.5})
+    fargate = job_definition("me/rl:1", {"aws_platform": "FARGATE", "aws_execution_role_arn": "arn:e",
+                                         "cpu_per_job": 0.5})
     assert fargate["platformCapabilities"] == ["FARGATE"]
     assert {"type": "VCPU", "value": "0.5"} in fargate["containerProperties"]["resourceRequirements"]
     batch = _batch()

@@ -73,13 +73,15 @@ def fiber_config_options() -> list[Any]:
         opt("docker_network", str, None,
             "Network of the job containers: host (default on Linux: jobs reach the master on "
             "127.0.0.1), bridge (the master listens on the bridge's gateway), or a network name."),
-        opt("docker_remove", bool, True, "Let Docker remove each container when it exits (its output is kept by the master)."),
+        opt("docker_remove", bool, True, "Let Docker remove each container when it exits (its output is kept by the "
+                                         "master)."),
         opt("docker_echo_output", bool, True, "Echo the containers' output to the master's stdout/stderr."),
         opt("docker_volumes", str, None, "Extra bind mounts: HOST:CONTAINER[:ro|rw],..."),
         opt("docker_mount_cwd", bool, True,
             "Mount the master's working directory at the same path and start jobs there "
             "(so modules next to your script import in the jobs)."),
-        opt("docker_workdir", str, None, "Working directory inside the containers (default: the master's, when mounted)."),
+        opt("docker_workdir", str, None, "Working directory inside the containers (default: the master's, when "
+                                         "mounted)."),
         opt("docker_labels", str, None, "Extra container labels: KEY=VALUE,..."),
         opt("docker_user", str, None, "User (uid[:gid]) the containers run as (default: the image's)."),
         opt("docker_init", bool, True, "Run an init process in each container (forwards SIGTERM, reaps zombies)."),
@@ -220,7 +222,8 @@ def fiber_doctor(config: Any) -> list[Any]:
         return [Check(NAME, "Docker daemon reachable", False, str(exc),
                       "start dockerd (or set docker_host / DOCKER_HOST) and check this user may use its socket")]
     version = eng.client.version()
-    checks = [Check(NAME, "Docker daemon reachable", True, f"Docker {version.get('Version')}, API {version.get('ApiVersion')}")]
+    checks = [Check(NAME, "Docker daemon reachable", True, f"Docker {version.get('Version')}, API "
+                                                           f"{version.get('ApiVersion')}")]
     image = config.get("image") or config.get("default_image") or DEFAULT_IMAGE
     try:
         eng.client.images.get(image)

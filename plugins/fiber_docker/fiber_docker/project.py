@@ -34,7 +34,8 @@ WORKDIR /app
 ENV PYTHONUNBUFFERED=1
 COPY .fiber-build-ca.crt requirements.txt* /tmp/fiber-project/
 RUN if [ -s /tmp/fiber-project/requirements.txt ]; then \\
-      if [ -s /tmp/fiber-project/.fiber-build-ca.crt ]; then export PIP_CERT=/tmp/fiber-project/.fiber-build-ca.crt; fi; \\
+      if [ -s /tmp/fiber-project/.fiber-build-ca.crt ]; then \\
+        export PIP_CERT=/tmp/fiber-project/.fiber-build-ca.crt; fi; \\
       python -m pip install -r /tmp/fiber-project/requirements.txt; fi \\
  && rm -rf /tmp/fiber-project
 COPY . /app

@@ -76,7 +76,8 @@ class Registry:
 
         binary = shutil.which("docker-registry") or shutil.which("registry")
         if binary is None:
-            raise RuntimeError("no docker-registry binary: apt-get install docker-registry (scripts/test does it as root)")
+            raise RuntimeError("no docker-registry binary: apt-get install docker-registry (scripts/test does it as "
+                               "root)")
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]

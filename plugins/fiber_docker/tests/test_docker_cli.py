@@ -115,7 +115,8 @@ def test_errors_as_a_user_meets_them(project, tmp_path, env, registry, tmp_path_
 def test_doctor_and_config_with_the_real_daemon(env, docker_image):
     done = fiber("doctor", "--backend", "docker", env=env)
     assert done.returncode == 0, done.stdout
-    assert "ok   Docker daemon reachable: Docker " in done.stdout and f"ok   image {docker_image} present" in done.stdout
+    assert "ok   Docker daemon reachable: Docker " in done.stdout
+    assert f"ok   image {docker_image} present" in done.stdout
     missing = fiber("doctor", "--backend", "docker", env={**env, "FIBER_IMAGE": "fibercore-test/absent:1"})
     assert missing.returncode == 1 and "fix: build it: python -m fiber_docker.image" in missing.stdout
     shown = fiber("config", "image", "docker_labels", env=env)

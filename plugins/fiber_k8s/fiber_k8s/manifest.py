@@ -92,7 +92,8 @@ def parse_volumes(text: str | None) -> tuple[list[dict[str, Any]], list[dict[str
             raise K8sOptionError(f"k8s_volumes entry {item!r}: the mount path must be absolute")
         name = f"fiber-vol-{i}"
         if kind == "pvc":
-            volume: dict[str, Any] = {"name": name, "persistentVolumeClaim": {"claimName": source, "readOnly": read_only}}
+            volume: dict[str, Any] = {"name": name,
+                                      "persistentVolumeClaim": {"claimName": source, "readOnly": read_only}}
         elif kind == "emptydir":
             volume = {"name": name, "emptyDir": {}}
         else:

@@ -75,10 +75,12 @@ def fiber_config_options() -> list[Any]:
         return Option(name, typ, default, text, plugin="fiber-k8s")
 
     return [
-        opt("k8s_kubeconfig", str, None, "kubeconfig file (default: KUBECONFIG or ~/.kube/config; in a pod: its service account)."),
+        opt("k8s_kubeconfig", str, None, "kubeconfig file (default: KUBECONFIG or ~/.kube/config; in a pod: its "
+                                         "service account)."),
         opt("k8s_context", str, None, "kubeconfig context (default: the current one)."),
         opt("k8s_namespace", str, None, "Namespace of the pods (default: the context's, or the pod's own)."),
-        opt("k8s_service_account", str, None, "Service account of the pods (jobs that start jobs need the rbac.yaml Role)."),
+        opt("k8s_service_account", str, None, "Service account of the pods (jobs that start jobs need the rbac.yaml "
+                                              "Role)."),
         opt("k8s_image_pull_secrets", str, None, "imagePullSecrets of the pods: NAME,..."),
         opt("k8s_image_pull_policy", str, "IfNotPresent", "imagePullPolicy of the worker container."),
         opt("k8s_node_selector", str, None, "nodeSelector: KEY=VALUE,..."),
@@ -88,12 +90,14 @@ def fiber_config_options() -> list[Any]:
         opt("k8s_workdir", str, None, "workingDir of the worker container."),
         opt("k8s_host_network", bool, False, "Run the pods on the node's network (hostNetwork)."),
         opt("k8s_grace_period", int, 0, "terminationGracePeriodSeconds, and the grace terminate() gives."),
-        opt("k8s_delete_finished", bool, True, "Delete each pod once it has finished (its output is kept by the master)."),
+        opt("k8s_delete_finished", bool, True, "Delete each pod once it has finished (its output is kept by the "
+                                               "master)."),
         opt("k8s_pod_patch", str, None,
             "Escape hatch: a JSON merge patch (or @file.json / @file.yaml) applied to every pod manifest; "
             "lists of named objects (containers, env, volumes) merge by name."),
         opt("k8s_owner_pod", str, None, "Pod that owns the jobs (default: this process's pod in the cluster)."),
-        opt("k8s_job_listen_host", str, None, "Address a pod advertises for the processes it starts (default: its pod IP)."),
+        opt("k8s_job_listen_host", str, None, "Address a pod advertises for the processes it starts (default: its pod "
+                                              "IP)."),
     ]
 
 
@@ -115,7 +119,8 @@ def fiber_detect_backend() -> str | None:
 def fiber_listen_host(config: Any) -> str:
     cfg = config
     if os.environ.get("FIBERCORE_K8S_POD_IP") or os.environ.get("FIBERCORE_K8S_POD_NAME"):  # a pod fibercore started
-        return cfg.get("k8s_job_listen_host") or os.environ.get("FIBERCORE_K8S_POD_IP") or socket.gethostbyname(socket.gethostname())
+        return (cfg.get("k8s_job_listen_host") or os.environ.get("FIBERCORE_K8S_POD_IP")
+                or socket.gethostbyname(socket.gethostname()))
     from fiber_k8s.engine import in_cluster
 
     if in_cluster():  # a master in a pod: its pod IP

@@ -32,7 +32,8 @@ def project(tmp_path: Path) -> Path:
 
 
 def pods_of(core: Any, session: str) -> list[str]:
-    return [p.metadata.name for p in core.list_namespaced_pod("default", label_selector=f"fiber-session={session}").items]
+    pods = core.list_namespaced_pod("default", label_selector=f"fiber-session={session}").items
+    return [p.metadata.name for p in pods]
 
 
 def wait_no_pods(core: Any, session: str, timeout: float = 60) -> list[str]:

@@ -68,7 +68,8 @@ def fiber_config_options() -> list[Any]:
         opt("slurm_account", str, None, "Account the jobs are charged to (--account)."),
         opt("slurm_qos", str, None, "Quality of service (--qos)."),
         opt("slurm_time", str, None, "Time limit of each job (--time, e.g. 2:00:00)."),
-        opt("slurm_extra", str, None, "Extra sbatch options, as on an #SBATCH line (e.g. --constraint=a100 --exclusive)."),
+        opt("slurm_extra", str, None, "Extra sbatch options, as on an #SBATCH line (e.g. --constraint=a100 "
+                                      "--exclusive)."),
         opt("slurm_spool_dir", str, "~/.fibercore/slurm",
             "A directory every node sees (shared file system): job output files and the session secret (0600)."),
         opt("slurm_poll_interval", float, 0.5, "Seconds between squeue polls (one call for all jobs of the master)."),

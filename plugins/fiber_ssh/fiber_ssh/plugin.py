@@ -65,13 +65,16 @@ def fiber_config_options() -> list[Any]:
     return [
         opt("ssh_hosts", str, None, "Hosts as `[user@]host[:slots]`, comma-separated (Open MPI's -H); "
             "a host without :slots gets its CPU count."),
-        opt("ssh_hostfile", str, None, "A file of hosts, one per line: `[user@]host slots=N port=P python=PATH` (only the host is required)."),
+        opt("ssh_hostfile", str, None, "A file of hosts, one per line: `[user@]host slots=N port=P python=PATH` (only "
+                                       "the host is required)."),
         opt("ssh_port", int, None, "Port of every host's sshd (default: ~/.ssh/config, else 22)."),
         opt("ssh_identity", str, None, "Private key file (ssh -i); default: the agent and ~/.ssh."),
         opt("ssh_options", str, None, "Extra ssh client options, e.g. -o StrictHostKeyChecking=accept-new."),
-        opt("ssh_python", str, None, "Interpreter on the hosts (default: this one's path; per host: python= in the hostfile)."),
+        opt("ssh_python", str, None, "Interpreter on the hosts (default: this one's path; per host: python= in the "
+                                     "hostfile)."),
         opt("ssh_connect_timeout", float, 10.0, "Seconds ssh waits for a host to answer."),
-        opt("ssh_host_retry", float, 30.0, "Seconds a host whose connection failed is skipped before it is tried again."),
+        opt("ssh_host_retry", float, 30.0, "Seconds a host whose connection failed is skipped before it is tried "
+                                           "again."),
         opt("ssh_multiplex", bool, True, "Share one connection per host between sessions (OpenSSH ControlMaster)."),
         opt("ssh_echo_output", bool, True, "Echo the jobs' output to the master's stdout/stderr."),
     ]

@@ -36,7 +36,8 @@ def problem() -> str | None:
     """Why no sshd can be started here, or None."""
     for tool in (SSHD, shutil.which("ssh"), shutil.which("ssh-keygen")):
         if not tool or not os.path.exists(tool):
-            return "openssh-server/openssh-client is missing: apt-get install openssh-server (scripts/test does it as root on Debian)"
+            return ("openssh-server/openssh-client is missing: apt-get install openssh-server (scripts/test does "
+                    "it as root on Debian)")
     return None
 
 
