@@ -52,7 +52,22 @@ PeerCallback = Callable[[Hashable, bool], None]  # (peer, added?)
 
 @runtime_checkable
 class Endpoint(Protocol):
-    """One socket: listening (``address`` is what to advertise) or dialling."""
+    """One socket: listening (``address`` is what to advertise) or dialling.
+
+    Obligations (checked by :class:`fibercore.testing.TransportConformance`):
+
+    1. Only authenticated connections are peers (the handshake above); a frame is
+       delivered with the :class:`~fibercore.wire.handshake.Session` of its connection.
+    2. Frames of one peer arrive whole and in the order they were sent, whatever their size
+       up to ``auth.limits.max_frame``.
+    3. ``on_peer_event`` callbacks: ``(peer, True)`` once a connection authenticated (on a
+       listener), ``(peer, False)`` once it ended (both kinds), each once. A listener may
+       notice an end only while a thread receives on it (the core always has one there).
+    4. ``recv(timeout)`` raises ``TransportTimeout`` when nothing came within ``timeout``,
+       and ``TransportClosed`` once the endpoint is closed; on a dialler also once its
+       connection ended.
+    5. ``close()`` ends every connection of the endpoint; the peers see their connection end.
+    """
 
     address: str
 
@@ -79,8 +94,34 @@ class Endpoint(Protocol):
     def close(self) -> None:
         """Close the endpoint; pending and future calls raise ``TransportClosed``."""
 
-    # Optional on listeners: ``drop(peer)`` closes one peer's connection; ``pause(peer)`` /
-    # ``resume(peer)`` stop and restart reading it (a queue's byte budget uses them).
+
+@runtime_checkable
+class DialEndpoint(Endpoint, Protocol):
+    """A dialling endpoint: one connection, authenticated before ``dial`` returned."""
+
+    #: The :class:`~fibercore.wire.handshake.Session` of its one connection (where
+    #: ``send_parts`` without a peer goes, and what ``recv`` reports frames from).
+    peer: Hashable
+
+
+@runtime_checkable
+class FlowControl(Protocol):
+    """Optional on listeners: act on one peer's connection. The core uses it where an
+    endpoint has it (a queue's byte budget pauses writers; a misbehaving peer is dropped);
+    without it, a queue over its budget still blocks local puts but cannot stop remote ones.
+
+    1. ``pause(peer)``: stop reading ``peer``'s connection; its frames wait in the kernel's
+       buffers, then its sends block (back-pressure). Frames already read are still delivered.
+    2. ``resume(peer)``: read it again; nothing it sent is lost or reordered.
+    3. ``drop(peer)``: close that connection (its peer event ``(peer, False)`` follows).
+    Each is a no-op for a peer that is gone.
+    """
+
+    def pause(self, peer: Hashable) -> None: ...
+
+    def resume(self, peer: Hashable) -> None: ...
+
+    def drop(self, peer: Hashable) -> None: ...
 
 
 @runtime_checkable
@@ -117,5 +158,8 @@ class Transport(Protocol):
         ``advertise_host`` when given.
         """
 
-    def dial(self, kind: str, address: str, auth: Authenticator | None = None) -> Endpoint:
-        """Connect to ``address`` and authenticate; the result's ``peer`` is the session."""
+    def dial(self, kind: str, address: str, auth: Authenticator | None = None) -> DialEndpoint:
+        """Connect to ``address`` and authenticate; the result's ``peer`` is the session.
+
+        Raises ``AuthenticationError`` when the listener refused the handshake (another
+        key) and ``TransportError`` when nothing listens there."""

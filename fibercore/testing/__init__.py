@@ -17,14 +17,18 @@ on first use.
 
 from typing import Any
 
-__all__ = ["BackendConformance", "fiber", "in_ci", "interrupt_when", "session_of", "skip_or_fail",
-           "write_demo_project"]
+__all__ = ["BackendConformance", "TransportConformance", "fiber", "in_ci", "interrupt_when", "session_of",
+           "skip_or_fail", "write_demo_project"]
 
 #: The helpers that run the ``fiber`` command as a user does (fibercore.testing.cli).
 _CLI = ("fiber", "interrupt_when", "session_of", "write_demo_project")
 
 
 def __getattr__(name: str) -> Any:
+    if name == "TransportConformance":
+        from fibercore.testing.transport import TransportConformance
+
+        return TransportConformance
     if name == "BackendConformance":
         from fibercore.testing.conformance import BackendConformance
 

@@ -19,7 +19,7 @@ from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 from fibercore.errors import TransportTimeout
-from fibercore.transport import Endpoint, LaneEndpoint
+from fibercore.transport import Endpoint, FlowControl, LaneEndpoint
 from fibercore.wire.frames import BadFrame, Message, Messages, reject
 from fibercore.wire.handshake import Session
 
@@ -146,20 +146,17 @@ class Channel:
 
         A no-op on a transport without ``pause``.
         """
-        pause = getattr(self.endpoint, "pause", None)
-        if pause is not None:
-            pause(peer)
+        if isinstance(self.endpoint, FlowControl):
+            self.endpoint.pause(peer)
 
     def resume(self, peer: Hashable) -> None:
-        resume = getattr(self.endpoint, "resume", None)
-        if resume is not None:
-            resume(peer)
+        if isinstance(self.endpoint, FlowControl):
+            self.endpoint.resume(peer)
 
     def drop(self, peer: Hashable) -> None:
         """Disconnect one peer (it misbehaved)."""
-        drop = getattr(self.endpoint, "drop", None)
-        if drop is not None:
-            drop(peer)
+        if isinstance(self.endpoint, FlowControl):
+            self.endpoint.drop(peer)
 
     def close(self) -> None:
         self.endpoint.close()
