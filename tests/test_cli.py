@@ -126,6 +126,7 @@ def test_config_says_where_each_value_came_from(tmp_path):
     done = fiber("config", cwd=tmp_path, env={**LOCAL, "FIBER_POOL_PROCESSES": "3"})
     assert done.returncode == 0
     assert "pool_processes = 3  (environment variable FIBER_POOL_PROCESSES; fibercore)" in done.stdout
+    assert "transport: tcp (fibercore.builtins.tcp_transport); serializer: cloudpickle" in done.stdout
     assert re.search(r"start_timeout = 33.0  \(.*\.fiberconfig.*\)", done.stdout), done.stdout
     everything = fiber("config", "--all", cwd=tmp_path, env=LOCAL).stdout
     assert "heartbeat_interval = 2.0  (default; fibercore)" in everything
@@ -136,6 +137,7 @@ def test_doctor_checks_the_local_backend(tmp_path):
     done = fiber("doctor", "--backend", "local", cwd=tmp_path)
     assert done.returncode == 0, done.stdout
     assert "ok   /dev/shm writable" in done.stdout and "no problems found" in done.stdout
+    assert done.stdout.startswith("transport: tcp (fibercore.builtins.tcp_transport); serializer: cloudpickle")
 
 
 def test_doctor_names_the_fix_for_what_fails():

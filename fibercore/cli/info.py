@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+from typing import Any
 
 from fibercore.plugins import PLUGINS_GROUP, backends_by_module, declared_contract, installed
 
@@ -64,6 +65,7 @@ def config(args: argparse.Namespace) -> int:
             raise ConfigError(unknown_key_message(key, options))
     keys = args.keys or sorted(options, key=lambda k: (options[k].plugin != "fibercore", options[k].plugin, k))
     print(f"backend: {rt.backend}")
+    print(_wire_line(rt))
     shown = 0
     for key in keys:
         origin = cfg.origin(key)
@@ -74,6 +76,14 @@ def config(args: argparse.Namespace) -> int:
     if not shown:
         print("(every key is at its default; `fiber config --all` lists them)")
     return 0
+
+
+def _wire_line(rt: Any) -> str:
+    """Which transport and serializer plugins this configuration resolves to."""
+    transport = getattr(rt.transport, "name", type(rt.transport).__name__)
+    tls = " (TLS)" if rt.config.get("tls") else ""
+    serializer = getattr(rt.serializer, "name", type(rt.serializer).__name__)
+    return f"transport: {transport}{tls} ({type(rt.transport).__module__}); serializer: {serializer}"
 
 
 def _doctor_order(asked: list[str] | None) -> list[tuple[str, str]]:
@@ -105,8 +115,9 @@ def doctor(args: argparse.Namespace) -> int:
     """Check the selected backend, then every other installed one; exit 1 when the selected
     (or an asked-for) backend has a problem."""
     from fibercore.errors import FiberError
-    from fibercore.runtime import build
+    from fibercore.runtime import build, get_runtime
 
+    print(_wire_line(get_runtime()))
     order = _doctor_order(args.backend)
     failed = 0
     failed_selected = 0
