@@ -37,7 +37,6 @@ if TYPE_CHECKING:  # imported on first use below; a worker job only pays for wha
     from fibercore.ring import Ring
     from fibercore.sharing import Shared, shared
 
-__version__ = "0.1.0"
 
 import multiprocessing as _mp
 
@@ -93,7 +92,21 @@ def _register_start_method() -> None:
 _register_start_method()
 
 
+def _distribution_version(distribution: str) -> str:
+    """The installed version of ``distribution``: its ``pyproject.toml`` is the one place a
+    version is written (read from the package metadata on first use, not at import)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(distribution)
+    except PackageNotFoundError:  # running from a source tree that was never installed
+        return "0+unknown"
+
+
 def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        globals()[name] = _distribution_version("fibercore")
+        return globals()[name]
     try:
         module_name, path = _LAZY[name]
     except KeyError:

@@ -1,3 +1,3 @@
 """fiber-aws: the AWS Batch backend plugin of fibercore (entry point ``fiber.backends: aws``)."""
 
-__version__ = "0.1.0"
+# The version is written once, in pyproject.toml: importlib.metadata.version(...) reads it.

@@ -1,3 +1,3 @@
 """fiber-k8s: the Kubernetes backend plugin of fibercore (entry points ``fiber.backends: kubernetes``, ``k8s``)."""
 
-__version__ = "0.1.0"
+# The version is written once, in pyproject.toml: importlib.metadata.version(...) reads it.

@@ -1,3 +1,3 @@
 """fiber-local: the fibercore backend where every Fiber process is a local OS process."""
 
-__version__ = "0.1.0"
+# The version is written once, in pyproject.toml: importlib.metadata.version(...) reads it.
