@@ -21,7 +21,7 @@ import logging
 import os
 import sys
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -160,6 +160,11 @@ class Config(Mapping[str, Any]):
     raises ``ValueError``). fibercore itself builds one from every source (see the module).
     """
 
+    _options: dict[str, Option]
+    _values: dict[str, Any]
+    _origins: dict[str, str]
+    _legacy: dict[str, Any]
+
     def __init__(self, options: dict[str, Option] | None = None, values: dict[str, Any] | None = None,
                  origins: dict[str, str] | None = None, *, conf_file: str | os.PathLike[str] | None = None,
                  legacy: dict[str, Any] | None = None):
@@ -174,7 +179,11 @@ class Config(Mapping[str, Any]):
     def __getitem__(self, key: str) -> Any:
         return self._values[key]
 
-    def __iter__(self):  # type: ignore[override]
+    def get(self, key: str, default: Any = None) -> Any:
+        """The typed value of ``key`` (``default`` when it has none)."""
+        return self._values.get(key, default)
+
+    def __iter__(self) -> Iterator[str]:
         return iter(self._values)
 
     def __len__(self) -> int:

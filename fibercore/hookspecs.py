@@ -1,3 +1,5 @@
+# mypy: disable-error-code="empty-body"
+# (a hook spec is its signature and docstring; plugins give the bodies)
 """The one contract between fibercore and its plugins.
 
 Every hook is prefixed ``fiber_`` and marked with ``HookspecMarker("fiber")``.

@@ -140,7 +140,7 @@ class _Server:
                 except TransportError as exc:
                     messages, failure = [], exc
                 else:
-                    failure = None
+                    failure = None  # type: ignore[assignment]
                     for op, parts in messages:
                         try:
                             self._handle(op, parts, peer, ready)
@@ -521,7 +521,7 @@ def MakeProxyType(name: str, exposed: Sequence[str], _cache: dict[Any, type] = {
         method.__name__ = meth
         namespace[meth] = method
     proxytype = type(name, (BaseProxy,), namespace)
-    proxytype._exposed_ = exposed
+    proxytype._exposed_ = exposed  # type: ignore[attr-defined]
     _cache[(name, exposed)] = proxytype
     return proxytype
 
@@ -601,7 +601,7 @@ class ListProxy(BaseListProxy):  # type: ignore[misc, valid-type]
 _DICT_METHODS = ("__contains__", "__delitem__", "__getitem__", "__iter__", "__len__", "__setitem__",
                  "clear", "copy", "get", "items", "keys", "pop", "popitem", "setdefault", "update", "values")
 DictProxy = MakeProxyType("DictProxy", _DICT_METHODS)
-DictProxy._method_to_typeid_ = {"__iter__": "Iterator"}
+DictProxy._method_to_typeid_ = {"__iter__": "Iterator"}  # type: ignore[attr-defined]
 ArrayProxy = MakeProxyType("ArrayProxy", ("__len__", "__getitem__", "__setitem__"))
 
 
@@ -766,7 +766,7 @@ class BaseManager:
         _, exposed, _m2t, proxytype = self._registry[typeid]
         client = _client(self._address, self._authkey)  # type: ignore[arg-type]
         if proxytype is BY_VALUE:  # the server made it in its sync service: here is its handle
-            return client.request(CREATE, 0, (typeid, args, kwds)).get()  # type: ignore[no-any-return]
+            return client.request(CREATE, 0, (typeid, args, kwds)).get()
         ident, exposed = client.request(CREATE, 0, (typeid, args, kwds)).get()
         token = Token(typeid, self._address, ident)  # type: ignore[arg-type]
         proxy = (proxytype or AutoProxy)(token, serializer=self._serializer, manager=self,

@@ -30,7 +30,7 @@ import importlib
 import logging
 import os
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -202,7 +202,7 @@ def _register(pm: pluggy.PluginManager, plugin: Any, name: str | None = None) ->
     """Register ``plugin`` once, after checking its declared contract."""
     if pm.is_registered(plugin):
         return
-    check_contract(plugin, name or getattr(plugin, "__name__", repr(plugin)))
+    check_contract(plugin, name or str(getattr(plugin, "__name__", repr(plugin))))
     pm.register(plugin, name=name)
 
 
@@ -303,11 +303,11 @@ class Plugins:
                 text = text.replace(secret, "<secret>")
             raw(text)
 
-        def before(name: str, impls: Any, kwargs: dict[str, Any]) -> None:
+        def before(name: str, impls: Any, kwargs: Mapping[str, Any]) -> None:
             args = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
             out(f"[fiber hook] {name}({args}) -> {[i.plugin_name for i in impls]}\n")
 
-        def after(outcome: Any, name: str, impls: Any, kwargs: dict[str, Any]) -> None:
+        def after(outcome: Any, name: str, impls: Any, kwargs: Mapping[str, Any]) -> None:
             try:
                 result = outcome.get_result()
             except BaseException as exc:

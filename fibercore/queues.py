@@ -406,7 +406,7 @@ class _Broker:
             if not self.items:
                 sends.append((peer, [(EMPTY, [])]))
                 continue
-            batch = []
+            batch: list[list[Any]] = []
             size = 0
             for _ in range(self._grant(want)):
                 if batch and size >= GRANT_BYTES:

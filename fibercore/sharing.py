@@ -27,6 +27,7 @@ after ``fork``, and pages it writes become its own.
 
 from __future__ import annotations
 
+import functools
 import hmac
 import logging
 import mmap
@@ -164,6 +165,11 @@ _maps: dict[tuple[str, bool], weakref.ref[mmap.mmap]] = {}
 _maps_lock = threading.Lock()
 
 
+def _forget_map(key: tuple[str, bool], _ref: Any) -> None:
+    """A mapping was unmapped (nothing built on it was left): forget it."""
+    _maps.pop(key, None)
+
+
 def _open_checked(path: str, tag: bytes, size: int) -> int | None | bool:
     """A read-only descriptor of ``path`` when it is this object's segment; None when it is
     not there or not complete yet (its tag is written last); False when it is not ours
@@ -268,7 +274,7 @@ class Shared(Handle):
             if mm is not None:
                 return mm
             mm = self._map_here() or self._copy_here()
-            _maps[key] = weakref.ref(mm, lambda _r, key=key: _maps.pop(key, None))
+            _maps[key] = weakref.ref(mm, functools.partial(_forget_map, key))
             return mm
 
     def _map_here(self) -> mmap.mmap | None:
@@ -433,7 +439,7 @@ def _numpy() -> Any:
 def sweep() -> list[str]:
     """Remove this user's segments whose creating process is gone (after a SIGKILL that also
     took Python's resource tracker); their names say who made them. The names removed."""
-    removed = []
+    removed: list[str] = []
     try:
         names = os.listdir(SHM_DIR)
     except OSError:

@@ -99,9 +99,10 @@ class Endpoint(Protocol):
 class DialEndpoint(Endpoint, Protocol):
     """A dialling endpoint: one connection, authenticated before ``dial`` returned."""
 
-    #: The :class:`~fibercore.wire.handshake.Session` of its one connection (where
-    #: ``send_parts`` without a peer goes, and what ``recv`` reports frames from).
-    peer: Hashable
+    @property
+    def peer(self) -> Hashable:
+        """The :class:`~fibercore.wire.handshake.Session` of its one connection (where
+        ``send_parts`` without a peer goes, and what ``recv`` reports frames from)."""
 
 
 @runtime_checkable

@@ -174,11 +174,11 @@ class Option:
             text = value.strip() if isinstance(value, str) else value
             if isinstance(text, str) and text.lower() in ("none", "null", ""):
                 return None
-            out = self.type(text)  # type: ignore[operator]
+            out = self.type(text)
         elif self.type is str:
             out = str(value)
         else:
-            out = self.type(value)  # type: ignore[operator]
+            out = self.type(value)
         if self.choices is not None and out not in self.choices:
             raise ValueError(f"expected one of {', '.join(map(str, self.choices))}; got {value!r}")
         return out

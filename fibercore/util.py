@@ -145,7 +145,7 @@ def log_tail(text: str, limit: int = LOG_TAIL) -> str:
 def with_traceback(exc: BaseException) -> Any:
     """``exc`` carrying its formatted traceback to the process that re-raises it (as
     multiprocessing's pool does: the remote traceback becomes the ``__cause__``)."""
-    from multiprocessing.pool import ExceptionWithTraceback
+    from multiprocessing.pool import ExceptionWithTraceback  # type: ignore[attr-defined]
 
     return ExceptionWithTraceback(exc, exc.__traceback__)
 

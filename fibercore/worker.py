@@ -165,7 +165,7 @@ def main() -> int:
                                      connected.is_set)
     import multiprocessing.process
 
-    multiprocessing.process._parent_process = parent  # multiprocessing.parent_process() too
+    multiprocessing.process._parent_process = parent  # type: ignore[attr-defined]  # parent_process() too
     rt.plugins.worker_start(rt.config)
     exitcode = process_obj._bootstrap(parent)
     finishing.set()

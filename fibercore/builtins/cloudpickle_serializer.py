@@ -191,7 +191,7 @@ def _make_code(reduced: Any, filename: str, source: tuple[int, tuple[str, ...]] 
 def _remember_source(filename: str, first: int, lines: tuple[str, ...]) -> None:
     """Lets ``traceback`` show the lines of a received function whose file this process cannot
     read (with the file present, linecache reads the file itself, as usual)."""
-    entry = linecache.cache.get(filename)
+    entry: Any = linecache.cache.get(filename)  # (size, mtime, lines, name); mtime None: lazily set
     if entry is not None and entry[1] is not None:
         return  # read from a real file
     if entry is None:

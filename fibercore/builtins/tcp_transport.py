@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import collections
 import errno
+import functools
 import itertools
 import os
 import random
@@ -105,7 +106,7 @@ def _usable_cpus() -> int:
 
 
 _CPUS = _usable_cpus()
-_load_look = [0.0, False]  # when this process last looked, and what it saw
+_load_look: list[Any] = [0.0, False]  # when this process last looked, and what it saw
 
 
 class SpinGate:
@@ -232,7 +233,7 @@ class _Conn:
         for part in parts:  # frames.nbytes, inlined: this is every message's path
             total += part.nbytes if type(part) is memoryview else len(part)
         if total <= RECORD_MAX:
-            iov = [_HEADER.pack(total), *parts]
+            iov: list[Any] = [_HEADER.pack(total), *parts]
             if block and deadline is None and not self.tls and len(iov) <= _IOV_MAX:
                 # The usual case, one call: a frame that fits the socket's buffer.
                 try:
@@ -249,7 +250,7 @@ class _Conn:
             self._write_all(iov, block, deadline)  # byte views only, none empty (a send of 0 bytes loops)
             return
         views = [v for v in map(_byte_view, parts) if len(v)]
-        iov: list[Any] = []
+        iov = []
         left = total
         room = 0
         for view in views:
@@ -330,10 +331,10 @@ class _Conn:
                 if self._bpos == len(body):
                     self._end_record(deliver)
                 continue
-            n = self._recv_into(self._scratch, wait)
+            n = self._recv_into(memoryview(self._scratch), wait)
             wait = False
             self._parse(memoryview(self._scratch)[:n], deliver)
-            if n < len(self._scratch) and not (self.tls and self.sock.pending()):
+            if n < len(self._scratch) and not (self.tls and self.sock.pending()):  # type: ignore[attr-defined]
                 return
 
     @property
@@ -347,7 +348,7 @@ class _Conn:
         one-record frame; otherwise None, with what it brought parsed (whole frames to
         ``deliver``). The connection must be :attr:`idle`. Raises what :meth:`pump` raises."""
         scratch = self._scratch
-        n = self._recv_into(scratch, wait)
+        n = self._recv_into(memoryview(scratch), wait)
         view = memoryview(scratch)[:n]
         if self._whole_record(view) == n:
             return memoryview(scratch[4:n])  # a copy: the scratch buffer is read into again
@@ -833,7 +834,7 @@ class TcpListener:
         self.send_parts([data], peer)
 
     def send_parts(self, parts: list[Any], peer: Hashable | None = None, block: bool = True) -> None:
-        conn = self._peers.get(peer)  # type: ignore[arg-type]
+        conn = self._peers.get(peer)  # type: ignore[call-overload]
         if conn is None:
             if self._closed:
                 raise TransportClosed(f"endpoint {self.address} is closed")
@@ -891,7 +892,7 @@ class TcpListener:
         thread, while ``peer`` is the only connection (a Pipe's home with its one child).
         One poll of that socket and this listener's wake-up pipe (anything that changes,
         such as a second peer, wakes it and returns None: :meth:`recv` takes over)."""
-        conn = self._peers.get(peer)  # type: ignore[arg-type]
+        conn = self._peers.get(peer)  # type: ignore[call-overload]
         if (conn is None or len(self._peers) != 1 or self._inbox or self._todo or self._closed
                 or not conn.idle or (timeout is not None and timeout <= 0) or self._wake is None):
             return None
@@ -919,7 +920,7 @@ class TcpListener:
             if len(ready) != 1 or ready[0][0] != conn.sock.fileno():
                 return None  # the time passed, or something changed: recv() looks
             try:  # readable: a read that does not wait
-                frame = conn.read_one(lambda f: self._inbox.append((f, peer)), False)
+                frame = conn.read_one(lambda f: self._inbox.append((f, peer)), False)  # type: ignore[arg-type]
             except _WOULD_BLOCK:
                 return None
             except (_Broken, OSError, ValueError):
@@ -973,7 +974,7 @@ class TcpListener:
                 pass
             except (_Broken, OSError, ValueError):
                 self._unwatch(conn)
-                self._reactor.call(lambda c=conn: self._drop(c))
+                self._reactor.call(functools.partial(self._drop, conn))
         if got:
             self._last_frame = time.perf_counter()
         return got
@@ -982,18 +983,18 @@ class TcpListener:
         self._callbacks.append(callback)
 
     def drop(self, peer: Hashable) -> None:
-        conn = self._peers.get(peer)  # type: ignore[arg-type]
+        conn = self._peers.get(peer)  # type: ignore[call-overload]
         if conn is not None:
             self._reactor.call(lambda: self._drop(conn))
 
     def pause(self, peer: Hashable) -> None:
         """Stop reading ``peer``'s connection: TCP's window closes and its sends block."""
-        conn = self._peers.get(peer)  # type: ignore[arg-type]
+        conn = self._peers.get(peer)  # type: ignore[call-overload]
         if conn is not None:
             self._own_call(lambda: self._reading_on(conn, False))
 
     def resume(self, peer: Hashable) -> None:
-        conn = self._peers.get(peer)  # type: ignore[arg-type]
+        conn = self._peers.get(peer)  # type: ignore[call-overload]
         if conn is not None:
             self._own_call(lambda: self._reading_on(conn, True))
 

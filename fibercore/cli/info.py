@@ -16,7 +16,7 @@ def backends(args: argparse.Namespace) -> int:
 
     print(f"fibercore {__version__}, hook contract {CONTRACT_VERSION} "
           f"(loads plugins declaring {MIN_CONTRACT_VERSION}..{CONTRACT_VERSION})")
-    rows = [("backend", "aliases", "distribution", "contract", "module")]
+    rows: list[tuple[str, ...]] = [("backend", "aliases", "distribution", "contract", "module")]
     for info, aliases in backends_by_module():
         rows.append((info.name, ", ".join(aliases) or "-", f"{info.distribution} {info.version}",
                      _declared(info.value), info.value))

@@ -73,7 +73,7 @@ class ApplyResult(Generic[T]):
             _call(self._error_callback, value, "error_callback")
         self._event.set()
 
-    __class_getitem__ = classmethod(types.GenericAlias)  # type: ignore[assignment]
+    __class_getitem__: Any = classmethod(types.GenericAlias)
 
 
 AsyncResult = ApplyResult

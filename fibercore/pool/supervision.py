@@ -275,7 +275,7 @@ class Supervision:
 
     def on_initfail(self, w: WorkerSlot, text: str, parts: list[Any]) -> None:
         """``w``'s initializer raised: the pool cannot run anything (lock held)."""
-        from multiprocessing.pool import RemoteTraceback
+        from multiprocessing.pool import RemoteTraceback  # type: ignore[attr-defined]
 
         try:
             exc = self.pool.serializer.loads(parts)

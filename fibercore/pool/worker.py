@@ -59,7 +59,7 @@ def _encode(serializer: Any, ok: bool, value: Any) -> tuple[bool, list[Any]]:
     try:
         return ok, serializer.dumps(value)
     except Exception as exc:  # an unpicklable result or exception: say which
-        from multiprocessing.pool import MaybeEncodingError
+        from multiprocessing.pool import MaybeEncodingError  # type: ignore[attr-defined]
 
         wrapped = MaybeEncodingError(exc, value)
         return False, serializer.dumps(with_traceback(wrapped))

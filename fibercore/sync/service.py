@@ -170,7 +170,7 @@ class SyncService:
                 if answer is PARKED:  # answered later, by another thread: wait for it here
                     done = threading.Event()
                     box: list[tuple[int, Any]] = []
-                    w.answer = lambda kind, value: (box.append((kind, value)), done.set())  # type: ignore[func-returns-value]
+                    w.answer = lambda kind, value: (box.append((kind, value)), done.set())  # type: ignore[func-returns-value,assignment]
         finally:
             if self._outbox:
                 self._flush()
@@ -232,9 +232,9 @@ class SyncService:
                     w.finish(RETURN, answer)
         elif op == CANCEL:
             target = self.serializer.loads(parts[1:])
-            w = self.parked.get((peer, target))
-            if w is not None and w.state is not None:
-                w.state.cancel(w)
+            parked = self.parked.get((peer, target))
+            if parked is not None and parked.state is not None:
+                parked.state.cancel(parked)
         elif op == HELLO:
             info = self.serializer.loads(parts[1:])
             self.names[peer] = f"{info.get('name', '?')} (pid {info.get('pid', '?')} on {info.get('host', '?')})"

@@ -23,7 +23,7 @@ import logging
 import os
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from multiprocessing import resource_tracker, shared_memory
 from typing import Any
 
@@ -59,7 +59,7 @@ def _allocate(ctype: Any) -> tuple[Any, str, bytes]:
     """A zeroed ``ctype`` object in a new shared-memory segment (mode 0600), its name and tag."""
     segment = _Segment(create=True, size=HEADER + max(1, ctypes.sizeof(ctype)))
     tag = os.urandom(HEADER)
-    segment.buf[:HEADER] = tag
+    segment.buf[:HEADER] = tag  # type: ignore[index]
     _segments[segment.name] = segment
     weakref.finalize(segment, _unlink, segment.name)  # at exit: the creating process owns it
     return ctype.from_buffer(segment.buf, HEADER), segment.name, tag
@@ -100,7 +100,7 @@ def _map(name: str, ctype: Any, tag: bytes, machine: str) -> Any | None:
             pass
         st = os.fstat(segment._fd)  # type: ignore[attr-defined]
         if (st.st_uid != os.geteuid() or st.st_mode & 0o077 or segment.size < HEADER + ctypes.sizeof(ctype)
-                or not hmac.compare_digest(bytes(segment.buf[:HEADER]), tag)):
+                or not hmac.compare_digest(bytes(segment.buf[:HEADER]), tag)):  # type: ignore[index]
             log.warning("shared memory /dev/shm%s is not the segment of this object (another owner, mode "
                         "%o or content): not mapped; every access goes to the creating process instead",
                         segment._name, st.st_mode & 0o777)  # type: ignore[attr-defined]
@@ -231,6 +231,8 @@ class _Synchronized(WithLock):
 
     _lock: Lock | RLock
     _local: Any
+    _remote: Callable[[], bool]  # from the _Data it is mixed with
+    _call: Callable[..., Any]
     _raw_class: type[_Data]
 
     def _lock_ref(self) -> tuple[Any, ...]:

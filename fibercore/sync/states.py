@@ -19,7 +19,7 @@ from __future__ import annotations
 import ctypes
 from collections import deque
 from collections.abc import Callable, Hashable
-from multiprocessing.sharedctypes import typecode_to_type
+from multiprocessing.sharedctypes import typecode_to_type  # type: ignore[attr-defined]
 from typing import Any
 
 from fibercore.errors import BrokenBarrierError

@@ -278,7 +278,7 @@ class BackendConformance:
 
         with SyncManager() as manager:
             assert manager._process.job.backend == self.backend
-            d, q = manager.dict(), manager.Queue()
+            d, q = manager.dict(), manager.Queue()  # type: ignore[attr-defined]
             p = fc.Process(target=fill_shared, args=(d, q))
             p.start()
             assert q.get(timeout=self.timeout) == "filled"

@@ -35,7 +35,7 @@ def report_environment(q: Any) -> None:
         "backend": rt.backend,
         "session": rt.session,
         "name": fc.current_process().name,
-        "parent": fc.parent_process().name if fc.parent_process() else None,
+        "parent": getattr(fc.parent_process(), "name", None),
         "secret_in_env": "FIBER_SECRET" in os.environ,
         "start_timeout": rt.config.get("start_timeout"),
     })

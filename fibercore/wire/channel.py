@@ -49,12 +49,12 @@ class Channel:
             if added:
                 self._peers.append(peer)  # type: ignore[arg-type]
             elif peer in self._peers:
-                self._peers.remove(peer)  # type: ignore[arg-type]
+                self._peers.remove(peer)
             self._peers_cv.notify_all()
 
     def _default_peer(self) -> Session:
         if not self.listening:
-            return self.endpoint.peer  # type: ignore[attr-defined,no-any-return]
+            return self.endpoint.peer  # type: ignore[attr-defined]
         if self.kind != "pair":
             raise ValueError("a listening router channel needs the peer to send to")
         deadline = time.monotonic() + PAIR_SEND_SLICE

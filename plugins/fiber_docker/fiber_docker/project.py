@@ -107,7 +107,7 @@ def build_project_image(directory: str | os.PathLike[str], *, base: str | None,
     if image_exists(client, tag):
         log(f"fiber run: {tag} is up to date")
         return tag
-    log(f"fiber run: building {tag} from {root} ({'its Dockerfile' if own_dockerfile else 'worker image ' + base})")
+    log(f"fiber run: building {tag} from {root} ({'its Dockerfile' if own_dockerfile else f'worker image {base}'})")
     with tempfile.TemporaryDirectory(prefix="fiber-run-") as tmp:
         ctx = Path(tmp) / "ctx"
         ctx.mkdir()

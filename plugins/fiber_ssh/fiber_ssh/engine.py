@@ -306,7 +306,7 @@ class Engine:
         except (OSError, ValueError):
             pass
         if force:  # a host that does not answer: end the session, which ends the job
-            timer = threading.Timer(5.0, lambda: job.done.is_set() or proc.kill())
+            timer = threading.Timer(5.0, lambda: None if job.done.is_set() else proc.kill())
             timer.daemon = True
             timer.start()
 
