@@ -44,7 +44,7 @@ import cloudpickle
 from fibercore.lifetime import at_process_end
 from fibercore.sync.handles import Handle
 from fibercore.sync.states import State
-from fibercore.util import machine_identity
+from fibercore.util import machine_identity, process_start
 
 log = logging.getLogger("fibercore.sharing")
 
@@ -85,11 +85,7 @@ def _pack(obj: Any) -> tuple[bytes, list[pickle.PickleBuffer], list[tuple[int, i
 
 def _start_ticks(pid: int) -> str:
     """A process's start time in clock ticks since boot (with its pid: who made a segment)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            return fh.read().rsplit(b")", 1)[1].split()[19].decode()
-    except (OSError, IndexError):
-        return "0"
+    return process_start(pid) or "0"
 
 
 def _create(obj: Any) -> tuple[str, bytes, int]:

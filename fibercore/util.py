@@ -91,6 +91,19 @@ def make_room_for_jobs(n: int, what: str) -> None:
                                           resource.getrlimit(resource.RLIMIT_NOFILE)[0], what)
 
 
+def process_start(pid: int) -> str:
+    """Process ``pid``'s start time in clock ticks since boot ("" when it does not run): with
+    its pid, who a process is (a pid alone may be reused)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            fields = fh.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return ""
+    if len(fields) < 20 or fields[0] == b"Z":
+        return ""
+    return fields[19].decode()
+
+
 _machine: list[str] = []
 
 
