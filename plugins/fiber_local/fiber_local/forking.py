@@ -122,9 +122,18 @@ class Template:
     def usable(self) -> bool:
         return self.alive and self.popen.poll() is None
 
-    def close(self) -> None:
+    def close(self, shutdown: bool = True) -> None:
+        """The template exits when its end reads EOF. ``shutdown`` first: a close alone neither
+        wakes this side's reading thread nor ends the connection while that thread holds it.
+        Never in a forked copy of the master (``shutdown=False``): it would end the parent's
+        connection too."""
+        if shutdown:
+            try:
+                self._sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
         try:
-            self._sock.close()  # the template exits when its end reads EOF
+            self._sock.close()
         except OSError:
             pass
 

@@ -158,16 +158,16 @@ def _template_for(spec: Any, env: dict[str, str], preload: tuple[str, ...]) -> T
             sys.stderr.write(f"fiber-local: starting jobs as new interpreters ({exc}); set "
                              "local_fork_template = false to skip the template\n")
             template = None
+        _retire_templates(key)
         _templates[key] = template
-        _retire_templates(spec.session)
         return template
 
 
-def _retire_templates(session: str) -> None:
-    """Close the templates of earlier sessions of this process (``fibercore.init()`` began a
-    new one) that no running job needs: each is a process and a socket (lock held)."""
+def _retire_templates(keep: tuple[str, str, tuple[str, ...]]) -> None:
+    """Close the other templates of this process (an earlier session's, or one for other
+    preload modules) that no running job needs: each is a process and a socket (lock held)."""
     for key, template in list(_templates.items()):
-        if key[0] != session and (template is None or not template.busy):
+        if key != keep and (template is None or not template.busy):
             if template is not None:
                 template.close()
             del _templates[key]
@@ -189,7 +189,7 @@ def _forget_templates() -> None:
     _templates_lock = threading.Lock()
     for template in _templates.values():
         if template is not None:
-            template.close()
+            template.close(shutdown=False)
     _templates.clear()
 
 

@@ -61,19 +61,25 @@ def test_a_forked_job_is_its_own_process_with_its_own_name_and_no_secret_anywher
             assert secret not in fh.read()
 
 
-def test_a_new_session_retires_the_templates_of_earlier_ones():
-    """fibercore.init() begins a new session, whose jobs fork from a new template: the earlier
-    sessions' templates, with no job left, exit (a process and a socket each)."""
-    for _ in range(3):
+def test_a_new_template_retires_the_idle_ones():
+    """Another template (here: other preload modules; or a new session) makes the earlier one
+    exit once none of its jobs runs: a process and a socket each, not kept until the end."""
+    templates = []
+    try:
+        for preload in ("none", "colorsys"):
+            fc.init(local_template_preload=preload)
+            p = fc.Process(target=sleep_for, args=(0.5,))
+            p.start()
+            templates.append(_parent(p.pid))  # while it runs: its template
+            p.join(60)
+            assert p.exitcode == 0
+    finally:
         fc.init()
-        p = fc.Process(target=sleep_for, args=(0.0,))
-        p.start()
-        p.join(60)
-        assert p.exitcode == 0
+    assert templates[0] != templates[1]
     deadline = time.monotonic() + 10
-    while len(_template_pids()) > 1 and time.monotonic() < deadline:
+    while templates[0] in _template_pids() and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert len(_template_pids()) == 1
+    assert templates[0] not in _template_pids(), "the idle template is left"
 
 
 def test_jobs_still_start_and_end_when_the_template_is_killed():
