@@ -21,7 +21,7 @@ from typing import Any
 
 from fibercore import lifetime
 from fibercore.errors import ProcessError, TransportClosed, TransportError, TransportTimeout
-from fibercore.pool.results import ApplyResult
+from fibercore.results import ApplyResult
 from fibercore.runtime import get_runtime
 
 REPLY = 5

@@ -11,72 +11,16 @@ from __future__ import annotations
 import collections
 import logging
 import threading
-import types
-from collections.abc import Callable, Iterator
-from typing import Any, Generic, TypeVar
+from collections.abc import Iterator
+from typing import Any, TypeVar
 
 from fibercore.errors import TimeoutError
 from fibercore.pool.progress import Progress
+from fibercore.results import ApplyResult, AsyncResult, Callback, _call
 
 log = logging.getLogger("fibercore.pool")
 
 T = TypeVar("T")
-Callback = Callable[[Any], object] | None
-
-
-def _call(callback: Callable[[Any], object], value: Any, what: str) -> None:
-    try:
-        callback(value)
-    except Exception:  # a user callback must not stop result delivery
-        log.exception("pool: the %s raised; results keep being delivered", what)
-
-
-class ApplyResult(Generic[T]):
-    """The result of one ``apply_async`` call."""
-
-    def __init__(self, callback: Callback = None, error_callback: Callback = None) -> None:
-        self._event = threading.Event()
-        self._callback = callback
-        self._error_callback = error_callback
-        self._success = False
-        self._value: Any = None
-        self._progress: Progress | None = None  # a tqdm bar (pool/progress.py), off by default
-
-    def ready(self) -> bool:
-        """True once the call has completed (successfully or not)."""
-        return self._event.is_set()
-
-    def successful(self) -> bool:
-        """Whether the call completed without raising; ValueError if it is not ready."""
-        if not self.ready():
-            raise ValueError(f"{self!r} not ready")
-        return self._success
-
-    def wait(self, timeout: float | None = None) -> None:
-        """Wait until the result is available or ``timeout`` seconds pass."""
-        self._event.wait(timeout)
-
-    def get(self, timeout: float | None = None) -> T:
-        """The result; re-raises the task's exception; TimeoutError after ``timeout``."""
-        self.wait(timeout)
-        if not self.ready():
-            raise TimeoutError(f"the result was not ready within {timeout} s")
-        if self._success:
-            return self._value
-        raise self._value
-
-    def _set(self, index: int, ok: bool, value: Any) -> None:
-        self._success, self._value = ok, value
-        if ok and self._callback is not None:
-            _call(self._callback, value, "callback")
-        if not ok and self._error_callback is not None:
-            _call(self._error_callback, value, "error_callback")
-        self._event.set()
-
-    __class_getitem__: Any = classmethod(types.GenericAlias)
-
-
-AsyncResult = ApplyResult
 
 
 class MapResult(ApplyResult[list[Any]]):
@@ -210,3 +154,6 @@ class IMapUnorderedIterator(IMapIterator):
             self._progress.items(len(value) if ok else self._chunksize)
         with self._cond:
             self._push((ok, value))
+
+
+__all__ = ["ApplyResult", "AsyncResult", "IMapIterator", "IMapUnorderedIterator", "MapResult"]
