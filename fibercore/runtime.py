@@ -38,8 +38,12 @@ class Runtime:
         self.is_worker = is_worker
         self.transport = plugins.transport(config)
         self.serializer = plugins.serializer(config)
-        if self.transport is None or self.serializer is None:  # pragma: no cover - builtins exist
-            raise ConfigError("no transport or serializer plugin is registered")
+        if self.transport is None:
+            name = config.get("transport")
+            raise ConfigError(f"no installed transport plugin answers to transport = {name!r}: install it "
+                              f"(pip install fiber-{name}) or set transport = tcp (the built-in)")
+        if self.serializer is None:  # pragma: no cover - the built-in always answers
+            raise ConfigError("no serializer plugin is registered")
         self._listen_host: str | None = None
         self._limits: Limits | None = None
 

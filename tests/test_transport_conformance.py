@@ -22,3 +22,15 @@ class TestBuiltinTransportOverTLS(TransportConformance):
         ca_file, ca = make_ca(where)
         node = node_cert(where, ca, "localhost", "127.0.0.1")
         return TcpTransport({"cert": str(node), "ca": str(ca_file), "server_name": "localhost"})
+
+
+def test_a_transport_no_plugin_provides_is_one_clear_line():
+    import os
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", "import fibercore; fibercore.Queue()"], capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "FIBER_TRANSPORT": "carrier-pigeon"})
+    assert done.returncode != 0
+    assert "no installed transport plugin answers to transport = 'carrier-pigeon'" in done.stderr
+    assert "pip install fiber-carrier-pigeon" in done.stderr and "Traceback" not in done.stderr

@@ -1456,7 +1456,9 @@ class TcpPlugin:
     FIBER_CONTRACT = 2
 
     @hookimpl(trylast=True)
-    def fiber_transport(self, config: Any) -> TcpTransport:
+    def fiber_transport(self, config: Any) -> TcpTransport | None:
+        if config is not None and (config.get("transport") or "tcp") != "tcp":
+            return None  # another transport was asked for: its plugin answers (or none does)
         tls = None
         if config is not None and config.get("tls"):
             tls = {
