@@ -214,10 +214,10 @@ def fiber_cleanup_jobs(session: str | None, config: ConfigView) -> int | None:
     Called by ``fiber cleanup`` and by ``fiber run`` when its master ended. Uses the
     session label every job carries. First non-None wins.
 
-    :param session: a session id: stop and remove every job of that session. None: the
-        jobs of every session this backend can see that were left behind (fiber-local
-        spares the jobs of masters that still run; fiber-docker and fiber-aws remove
-        every session's).
+    :param session: a session id: stop and remove every job of that session. None: the jobs
+        of every session whose master is gone, by the rule of
+        :func:`fibercore.backendkit.sessions_to_clean` (every job carries
+        ``backendkit.MASTER_LABEL``); a running program's jobs are never touched.
     :param config: the effective configuration.
     :return: how many jobs were stopped or removed, or None when this plugin is not the
         selected backend.

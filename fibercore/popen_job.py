@@ -16,6 +16,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from fibercore import admin
+from fibercore.backendkit import MASTER_LABEL, master_label
 from fibercore.errors import BackendUnavailableError, JobStartError, ProcessError
 from fibercore.meta import get_meta
 from fibercore.runtime import get_runtime
@@ -25,6 +26,16 @@ from fibercore.util import debug_enabled, log_tail
 
 if TYPE_CHECKING:
     from fibercore.process import Process
+
+
+_label: list[tuple[int, str]] = []
+
+
+def _master_label() -> str:
+    """:func:`fibercore.backendkit.master_label` of this process (read once per process)."""
+    if not _label or _label[0][0] != os.getpid():
+        _label[:] = [(os.getpid(), master_label())]
+    return _label[0][1]
 
 
 
@@ -87,7 +98,7 @@ class JobPopen:
             cpu=meta.get("cpu", cfg.get("cpu_per_job")),
             memory=meta.get("memory", cfg.get("mem_per_job")),
             gpu=meta.get("gpu", cfg.get("gpu_per_job")),
-            labels={"fiber-session": rt.session, "fiber-process": process.name},
+            labels={"fiber-session": rt.session, "fiber-process": process.name, MASTER_LABEL: _master_label()},
             cwd=os.getcwd(),
         )
         self.spec = spec

@@ -391,3 +391,53 @@ class BackendConformance:
         assert fc.active_children() == []
         for p in procs:
             assert p.job_status() in (JobStatus.EXITED, JobStatus.UNKNOWN)
+
+    # -- fiber cleanup ----------------------------------------------------------------------------
+    def test_cleanup_without_a_session_removes_only_the_jobs_of_a_gone_master(self, tmp_path: Any) -> None:
+        """``fiber_cleanup_jobs(None)`` (``fiber cleanup``): the job of a master killed with
+        SIGKILL is removed; the job of a running program (this one) is not."""
+        import json
+        import subprocess
+        import sys
+
+        live = fc.Process(target=sleep_for, args=(300,))
+        live.start()
+        script = tmp_path / "killed_master.py"
+        script.write_text(_KILLED_MASTER)
+        env = {**os.environ, "FIBER_CONFORMANCE_INIT": json.dumps({"backend": self.backend, **self.config},
+                                                                   default=str)}
+        master = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env)
+        try:
+            assert master.stdout is not None
+            session = master.stdout.readline().strip()  # once its job runs
+            assert master.wait(self.timeout) == -signal.SIGKILL, f"the master ended otherwise: {session!r}"
+            plugins = fc.get_runtime().plugins
+            assert plugins.cleanup_jobs(None) >= 1, "nothing of the killed master's session was removed"
+            deadline = time.monotonic() + self.timeout
+            while time.monotonic() < deadline:
+                if not [j for j in plugins.list_jobs(session) if j.status == JobStatus.RUNNING]:
+                    break
+                time.sleep(0.5)
+            else:
+                raise AssertionError(f"the killed master's jobs still run: {plugins.list_jobs(session)}")
+            assert live.is_alive(), "fiber cleanup removed the job of a master that still runs"
+        finally:
+            if master.poll() is None:
+                master.kill()
+            live.terminate()
+            live.join(self.timeout)
+
+
+#: A master that starts one long job, says its session, and is killed with SIGKILL.
+_KILLED_MASTER = """
+import json, os, signal
+import fibercore as fc
+from fibercore.testing.targets import sleep_for
+
+if __name__ == "__main__":
+    fc.init(**json.loads(os.environ["FIBER_CONFORMANCE_INIT"]))
+    p = fc.Process(target=sleep_for, args=(300,))
+    p.start()
+    print(fc.get_runtime().session, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+"""

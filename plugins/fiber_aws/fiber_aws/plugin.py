@@ -263,14 +263,29 @@ class Backend:
             job.done.wait(interval)
 
     def cleanup(self, session: str | None) -> int:
-        """Terminate the active jobs of ``session`` (every fiber session when None), delete its secrets."""
+        """Terminate the active jobs of ``session`` and delete its secrets; None: of every session
+        whose master is gone (:func:`fibercore.backendkit.sessions_to_clean`, by the jobs' tags)."""
+        if session is not None:
+            return self._cleanup_session(session)
+        from fibercore.backendkit import sessions_to_clean
+
+        ids = [s["jobId"] for s in self._summaries(None)]
+        jobs = []
+        for i in range(0, len(ids), 100):  # DescribeJobs takes 100 ids: the tags
+            for job in self._describe(ids[i:i + 100]):
+                tags = job.get("tags") or {}
+                jobs.append((tags.get("fiber-session", ""), tags, job.get("status") in ACTIVE_STATES))
+        return sum(self._cleanup_session(s) for s in sessions_to_clean(jobs) if s)
+
+    def _cleanup_session(self, session: str) -> int:
+        """Terminate the active jobs of ``session``, delete its secrets."""
         from fiber_aws import secret
 
         queue = self.cfg.get("aws_job_queue")
         count = 0
         if queue:
             batch = self.clients("batch")
-            pattern = f"fiber-{session}-*" if session else "fiber-*"
+            pattern = f"fiber-{session}-*"
             kwargs: dict[str, Any] = {"jobQueue": queue, "filters": [{"name": "JOB_NAME", "values": [pattern]}]}
             while True:
                 page = batch.list_jobs(**kwargs)
@@ -284,7 +299,7 @@ class Backend:
         if (self.cfg.get("aws_secret_store") or "ssm") == "ssm":
             secret.delete_session(self.clients("ssm"), self.cfg.get("aws_ssm_prefix") or "/fibercore", session)
             with self.lock:  # stored again if this process submits more jobs
-                for owned in [s for s in self.owned_secrets if session is None or s == session]:
+                for owned in [s for s in self.owned_secrets if s == session]:
                     del self.owned_secrets[owned]
         return count
 

@@ -277,13 +277,25 @@ class Engine:
             pass
 
     def cleanup(self, session: str | None) -> int:
-        """Remove every container of ``session`` (any fiber session when None).
+        """Remove every container of ``session``; None: of every session whose master is gone
+        (:func:`fibercore.backendkit.sessions_to_clean`)."""
+        if session is not None:
+            return self._cleanup_session(session)
+        from fibercore.backendkit import sessions_to_clean
+
+        found = self.api.containers(all=True, filters={"label": "fiber-session"})
+        jobs = [((c.get("Labels") or {}).get("fiber-session", ""), c.get("Labels") or {},
+                 c.get("State") in ("created", "running", "restarting", "paused")) for c in found]
+        return sum(self._cleanup_session(s) for s in sessions_to_clean(jobs) if s)
+
+    def _cleanup_session(self, session: str) -> int:
+        """Remove every container of ``session``.
 
         A master (``fiber-process=master``, one ``fiber run`` started) goes first, so it
         cannot replace the workers removed after it; later passes catch a container a
         master created while the listing ran.
         """
-        label = f"fiber-session={session}" if session else "fiber-session"
+        label = f"fiber-session={session}"
         count = 0
         masters = self.api.containers(all=True, filters={"label": [label, "fiber-process=master"]})
         for info in masters:

@@ -185,7 +185,7 @@ def fiber_job_logs(job: Any) -> str | None:
 
 @hookimpl
 def fiber_cleanup_jobs(session: str | None, config: Any) -> int:
-    """Remove the containers of ``session`` (every fiber session when None)."""
+    """Remove the containers of ``session`` (None: of every session whose master is gone)."""
     return engine(config).cleanup(session)
 
 

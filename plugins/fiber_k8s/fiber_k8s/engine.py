@@ -323,7 +323,19 @@ class Engine:
         return {"apiVersion": "v1", "kind": "Pod", "name": pod_name, "uid": pod.metadata.uid}
 
     def cleanup(self, session: str | None) -> int:
-        selector = f"fiber-session={session}" if session else "fiber-session"
+        """Delete the pods (and Secret) of ``session``; None: of every session whose master is
+        gone (:func:`fibercore.backendkit.sessions_to_clean`)."""
+        if session is not None:
+            return self._cleanup_session(session)
+        from fibercore.backendkit import sessions_to_clean
+
+        pods = self.core.list_namespaced_pod(self.namespace, label_selector="fiber-session").items
+        jobs = [((p.metadata.labels or {}).get("fiber-session", ""), p.metadata.labels or {},
+                 p.status.phase in ("Pending", "Running", "Unknown")) for p in pods]
+        return sum(self._cleanup_session(s) for s in sessions_to_clean(jobs) if s)
+
+    def _cleanup_session(self, session: str) -> int:
+        selector = f"fiber-session={session}"
         # A master (fiber run's) first, so that it cannot replace the workers deleted after it.
         masters = self.core.list_namespaced_pod(self.namespace, label_selector=f"{selector},fiber-process=master").items
         for pod in masters:
@@ -344,7 +356,7 @@ class Engine:
         from fiber_k8s.manifest import secret_name
 
         with self._lock:
-            gone = {n for n in self.known_secrets if session is None or n == secret_name(session)}
+            gone = {n for n in self.known_secrets if n == secret_name(session)}
             self.known_secrets -= gone
             self.owned_secrets -= gone
         return len(pods)

@@ -273,8 +273,31 @@ class Engine:
             raise SlurmError(f"the output of Slurm job {job_id} ({path}) cannot be read here: {exc}; "
                              "fiber logs must run on a node that sees slurm_spool_dir") from None
 
+    def list_commented(self, prefix: str) -> list[tuple[str, str, str, str]]:
+        """(id, name, state, comment) of this user's jobs whose name starts with ``prefix``."""
+        text = run(["squeue", "-h", "-t", "all", "--me", "-o", "%i|%T|%k|%j"])
+        out = []
+        for line in text.splitlines():
+            job_id, state, comment, name = line.split("|", 3)
+            if name.startswith(prefix):
+                out.append((job_id, name, state, comment))
+        return out
+
     def cleanup(self, session: str | None) -> int:
-        prefix = f"fiber-{session}-" if session else "fiber-"
+        """Cancel the jobs of ``session``; None: of every session whose master is gone
+        (:func:`fibercore.backendkit.sessions_to_clean`; a job's comment names its master)."""
+        if session is not None:
+            return self._cleanup_session(session)
+        from fibercore.backendkit import MASTER_LABEL, PROCESS_LABEL, sessions_to_clean
+
+        jobs = [(name.split("-")[1], {MASTER_LABEL: comment if comment != "(null)" else "",
+                                      PROCESS_LABEL: "master" if name.endswith("-master") else ""},
+                 state in ACTIVE)
+                for _, name, state, comment in self.list_commented("fiber-") if name.count("-") >= 2]
+        return sum(self._cleanup_session(s) for s in sessions_to_clean(jobs))
+
+    def _cleanup_session(self, session: str) -> int:
+        prefix = f"fiber-{session}-"
         found = self.list_named(prefix)
         # A session's master first (fiber run), so that it cannot start replacements meanwhile.
         masters = [job_id for job_id, name, state, _ in found if name.endswith("-master") and state in ACTIVE]

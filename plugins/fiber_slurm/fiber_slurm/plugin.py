@@ -108,6 +108,7 @@ def sbatch_options(spec: Any, config: Any) -> list[str]:
 
 @hookimpl
 def fiber_create_job(spec: Any, config: Any) -> Any:
+    from fibercore.backendkit import MASTER_LABEL
     from fibercore.types import Job
 
     eng = engine(config)
@@ -120,7 +121,11 @@ def fiber_create_job(spec: Any, config: Any) -> Any:
     env.pop("FIBER_SECRET", None)
     argv = spec.argv(sys.executable)
     name = f"fiber-{spec.session}-{spec.name}"
-    job = eng.submit(name, argv, env, sbatch_options(spec, config), spec.cwd)
+    options = sbatch_options(spec, config)
+    master = spec.labels.get(MASTER_LABEL)
+    if master:  # who started it, for fiber cleanup (squeue shows a job's comment)
+        options.append(f"--comment={master}")
+    job = eng.submit(name, argv, env, options, spec.cwd)
     return Job(jid=job.job_id, backend=NAME, data=job, spec=spec, command=argv)
 
 

@@ -362,10 +362,22 @@ class Engine:
 
         out = []
         for host, found in self.each_host({"kind": "list", "prefix": f"{session}." if session else ""}):
-            for _pid, jid, name in found:
+            for _pid, jid, name, *_ in found:
                 out.append(JobInfo(jid=jid, backend="ssh", session=jid.split(".", 1)[0], name=name,
                                    status=JobStatus.RUNNING, host=host.name))
         return out
 
     def cleanup(self, session: str | None) -> int:
-        return sum(int(n) for _, n in self.each_host({"kind": "stop", "prefix": f"{session}." if session else ""}))
+        """Stop the jobs of ``session`` on every host; None: of every session whose master is
+        gone (:func:`fibercore.backendkit.sessions_to_clean`; a job's environment names it)."""
+        if session is not None:
+            return self._stop(session)
+        from fibercore.backendkit import MASTER_LABEL, PROCESS_LABEL, sessions_to_clean
+
+        jobs = [(jid.split(".", 1)[0], {MASTER_LABEL: rest[0] if rest else "", PROCESS_LABEL: name}, True)
+                for _, found in self.each_host({"kind": "list", "prefix": ""})
+                for _pid, jid, name, *rest in found]
+        return sum(self._stop(s) for s in sessions_to_clean(jobs))
+
+    def _stop(self, session: str) -> int:
+        return sum(int(n) for _, n in self.each_host({"kind": "stop", "prefix": f"{session}."}))

@@ -94,6 +94,7 @@ def fiber_listen_host(config: Any) -> str:
 
 @hookimpl
 def fiber_create_job(spec: Any, config: Any) -> Any:
+    from fibercore.backendkit import MASTER_LABEL
     from fibercore.types import Job
 
     if spec.labels.get("fiber-detached") == "true":
@@ -107,7 +108,7 @@ def fiber_create_job(spec: Any, config: Any) -> Any:
     # the launcher falls back to the home directory where the path does not exist.
     request = {"jid": jid, "name": spec.name, "args": list(spec.args), "env": dict(spec.env),
                "cwd": spec.cwd or os.getcwd(),
-               "secret": spec.secret_env.get("FIBER_SECRET", "")}
+               "secret": spec.secret_env.get("FIBER_SECRET", ""), "master": spec.labels.get(MASTER_LABEL, "")}
     slots = max(1, math.ceil(spec.cpu or 1))
     job = eng.submit(jid, spec.name, request, slots, spec.python)
     return Job(jid=jid, backend=NAME, data=job, spec=spec, command=["ssh", "HOST", *spec.argv("python")])

@@ -27,6 +27,7 @@ env = dict(os.environ)
 env.update(spec["env"])
 env["FIBERCORE_SSH_JOB"] = spec["jid"]
 env["FIBERCORE_SSH_NAME"] = spec["name"]
+env["FIBERCORE_SSH_MASTER"] = spec.get("master", "")
 r, w = os.pipe()
 os.write(w, ("FIBER_SECRET=%s\n" % spec["secret"]).encode())
 os.close(w)
@@ -84,7 +85,8 @@ def fiber_jobs():
             continue  # gone meanwhile, or not ours
         jid = env.get(b"FIBERCORE_SSH_JOB")
         if jid and leader:
-            yield int(pid), jid.decode(), env.get(b"FIBERCORE_SSH_NAME", b"?").decode()
+            yield (int(pid), jid.decode(), env.get(b"FIBERCORE_SSH_NAME", b"?").decode(),
+                   env.get(b"FIBERCORE_SSH_MASTER", b"").decode())
 kind = request["kind"]
 if kind == "info":
     try:
@@ -94,10 +96,10 @@ if kind == "info":
         version = None
     print(json.dumps({"cpus": os.cpu_count(), "python": sys.version.split()[0], "fibercore": version}))
 elif kind == "list":
-    print(json.dumps([[pid, jid, name] for pid, jid, name in fiber_jobs() if jid.startswith(request["prefix"])]))
+    print(json.dumps([list(job) for job in fiber_jobs() if job[1].startswith(request["prefix"])]))
 elif kind == "stop":
     stopped = 0
-    for pid, jid, name in fiber_jobs():
+    for pid, jid, name, _master in fiber_jobs():
         if jid.startswith(request["prefix"]):
             try:
                 os.killpg(pid, signal.SIGKILL)
