@@ -123,8 +123,8 @@ def fiber_create_job(spec: Any, config: Any) -> Any:
     name = f"fiber-{spec.session}-{spec.name}"
     options = sbatch_options(spec, config)
     master = spec.labels.get(MASTER_LABEL)
-    if master:  # who started it, for fiber cleanup (squeue shows a job's comment)
-        options.append(f"--comment={master}")
+    if master:  # who started it, for fiber cleanup (squeue shows a job's comment); first, so
+        options.insert(0, f"--comment={master}")  # that a --comment in slurm_extra wins
     job = eng.submit(name, argv, env, options, spec.cwd)
     return Job(jid=job.job_id, backend=NAME, data=job, spec=spec, command=argv)
 

@@ -14,6 +14,7 @@ from fibercore.testing import BackendConformance
 class TestSshBackend(BackendConformance):
     backend = "ssh"
     timeout = 60.0
+    jobs_end_with_their_master = True  # its ssh session ends with the master
 
     @pytest.fixture
     def backend_config(self, ssh_config: dict[str, Any]) -> dict[str, Any]:
