@@ -28,14 +28,13 @@ if TYPE_CHECKING:
     from fibercore.process import Process
 
 
-_label: list[tuple[int, str]] = []
+_master_labels: dict[int, str] = {}  # by pid: a forked copy of the master is another process
 
 
 def _master_label() -> str:
     """:func:`fibercore.backendkit.master_label` of this process (read once per process)."""
-    if not _label or _label[0][0] != os.getpid():
-        _label[:] = [(os.getpid(), master_label())]
-    return _label[0][1]
+    pid = os.getpid()
+    return _master_labels.get(pid) or _master_labels.setdefault(pid, master_label())
 
 
 

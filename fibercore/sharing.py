@@ -28,7 +28,6 @@ after ``fork``, and pages it writes become its own.
 from __future__ import annotations
 
 import functools
-import hmac
 import logging
 import mmap
 import os
@@ -44,7 +43,7 @@ import cloudpickle
 from fibercore.lifetime import at_process_end
 from fibercore.sync.handles import Handle
 from fibercore.sync.states import State
-from fibercore.util import machine_identity, process_start
+from fibercore.util import machine_identity, not_our_segment, process_start
 
 log = logging.getLogger("fibercore.sharing")
 
@@ -62,8 +61,6 @@ ALIGN = 64
 CHUNK = 8 << 20
 #: Seconds a process waits for another one on its machine that is copying the same object.
 COPY_WAIT = 120.0
-#: Arrays of at least this many bytes in a Pool's ``initargs`` are shared (:func:`share_large`).
-SHARE_AT_LEAST = 1 << 20
 
 
 def _align(n: int) -> int:
@@ -83,16 +80,11 @@ def _pack(obj: Any) -> tuple[bytes, list[pickle.PickleBuffer], list[tuple[int, i
     return data, buffers, spans, max(pos, 1)
 
 
-def _start_ticks(pid: int) -> str:
-    """A process's start time in clock ticks since boot (with its pid: who made a segment)."""
-    return process_start(pid) or "0"
-
-
 def _create(obj: Any) -> tuple[str, bytes, int]:
     """Write ``obj`` into a new segment: its name, tag and size."""
     data, buffers, spans, size = _pack(obj)
     tag = os.urandom(16)
-    name = f"{PREFIX}{os.getpid()}-{_start_ticks(os.getpid())}-{os.urandom(6).hex()}"
+    name = f"{PREFIX}{os.getpid()}-{process_start(os.getpid()) or 0}-{os.urandom(6).hex()}"
     path = os.path.join(SHM_DIR, name)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     try:
@@ -175,19 +167,16 @@ def _open_checked(path: str, tag: bytes, size: int) -> int | None | bool:
     except OSError:
         return None
     try:
-        st = os.fstat(fd)
-        if st.st_uid != os.geteuid() or st.st_mode & 0o077 or st.st_size < size:
-            log.warning("%s is not the segment of this shared object (owner %d, mode %o, %d bytes): "
-                        "not used", path, st.st_uid, st.st_mode & 0o777, st.st_size)
-            os.close(fd)
-            return False
-        if not hmac.compare_digest(os.pread(fd, 16, 0), tag):
-            os.close(fd)
-            return None
-        return fd
+        why = not_our_segment(fd, tag, size)
     except OSError:
-        os.close(fd)
+        why = "tag"
+    if why is None:
+        return fd
+    os.close(fd)
+    if why == "tag":
         return None
+    log.warning("%s is not the segment of this shared object (%s): not used", path, why)
+    return False
 
 
 def _map_fd(fd: int, size: int, private: bool) -> mmap.mmap:
@@ -405,15 +394,21 @@ def _copy_on_write(handle: Shared) -> Any:
     return handle.value
 
 
-def share_large(values: tuple[Any, ...], at_least: int = SHARE_AT_LEAST) -> tuple[Any, ...]:
-    """``values`` with each numpy array of ``at_least`` bytes or more (at the top, or in a
-    tuple, list or dict there) replaced by a :class:`CopyOnWrite` of a new shared segment."""
+def large_array(value: Any, at_least: int) -> bool:
+    """Whether ``value`` is a numpy array of ``at_least`` bytes or more without Python objects
+    in it: what is shared without being asked (:func:`share_large`, and ``__main__`` globals)."""
     np = _numpy()
-    if np is None:
+    return np is not None and type(value) is np.ndarray and value.nbytes >= at_least and not value.dtype.hasobject
+
+
+def share_large(values: tuple[Any, ...], at_least: int) -> tuple[Any, ...]:
+    """``values`` with each :func:`large_array` (at the top, or in a tuple, list or dict there)
+    replaced by a :class:`CopyOnWrite` of a new shared segment."""
+    if _numpy() is None:
         return values
 
     def swap(value: Any, depth: int) -> Any:
-        if type(value) is np.ndarray and value.nbytes >= at_least and not value.dtype.hasobject:
+        if large_array(value, at_least):
             return CopyOnWrite(shared(value))
         if depth >= 2:
             return value
@@ -454,7 +449,7 @@ def sweep() -> list[str]:
         except OSError:
             continue
         pid, ticks = int(fields[0]), fields[1]
-        if _start_ticks(pid) == ticks:  # still running
+        if process_start(pid) == ticks:  # still running
             continue
         try:
             os.unlink(path)

@@ -85,10 +85,31 @@ def make_room_for_jobs(n: int, what: str) -> None:
             f"{what} needs about {need:,} open files in this process, and at most {hard:,} are allowed "
             f"(the hard limit, ulimit -Hn): raise it (ulimit -n {need} as root, LimitNOFILE= in a "
             f"systemd unit, docker run --ulimit nofile={need}) or start fewer jobs")
-    target = hard if hard != resource.RLIM_INFINITY else max(need, 2 * soft)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (min(target, max(need, 2 * soft)), hard))
+    raised = max(need, 2 * soft)
+    if hard != resource.RLIM_INFINITY:
+        raised = min(raised, hard)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
     logging.getLogger("fibercore").debug("open files limit raised from %d to %d for %s", soft,
                                           resource.getrlimit(resource.RLIMIT_NOFILE)[0], what)
+
+
+def not_our_segment(fd: int, tag: bytes, min_size: int) -> str | None:
+    """Why the shared-memory file ``fd`` is not the segment a handle names, or None when it is:
+    this user owns it, no one else may read or write it, it holds ``min_size`` bytes and
+    starts with ``tag`` (``"tag"`` when only that differs: a copy still being written, or a
+    file planted under the name)."""
+    import hmac
+
+    st = os.fstat(fd)
+    if st.st_uid != os.geteuid():
+        return f"owner {st.st_uid}"
+    if st.st_mode & 0o077:
+        return f"mode {st.st_mode & 0o777:o}"
+    if st.st_size < min_size:
+        return f"{st.st_size} bytes"
+    if not hmac.compare_digest(os.pread(fd, len(tag), 0), tag):
+        return "tag"
+    return None
 
 
 def process_start(pid: int) -> str:

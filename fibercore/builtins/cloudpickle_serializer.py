@@ -253,12 +253,14 @@ def _share_large_globals(carried: dict[str, Any], at_least: int) -> None:
     if np is None:
         return
     for name, value in carried.items():
-        if type(value) is not np.ndarray or value.nbytes < at_least or value.dtype.hasobject:
+        if type(value) is not np.ndarray:  # the sharing module is imported only for an array
+            continue
+        from fibercore.sharing import CopyOnWrite, large_array, shared
+
+        if not large_array(value, at_least):
             continue
         known = _shared_globals.get(id(value))
         if known is None or known[0]() is not value:
-            from fibercore.sharing import CopyOnWrite, shared
-
             known = (weakref.ref(value), CopyOnWrite(shared(value)))
             _shared_globals[id(value)] = known
             weakref.finalize(value, _shared_globals.pop, id(value), None)

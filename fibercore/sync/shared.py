@@ -18,7 +18,6 @@ lock and access are one request), so ``with v.get_lock(): v.value += 1`` is atom
 from __future__ import annotations
 
 import ctypes
-import hmac
 import logging
 import os
 import threading
@@ -31,7 +30,7 @@ from fibercore.sync.handles import Handle
 from fibercore.sync.primitives import Lock, RLock, WithLock, _depth, _held
 from fibercore.sync.service import Ref
 from fibercore.sync.states import DataState, ctype_of
-from fibercore.util import machine_identity
+from fibercore.util import machine_identity, not_our_segment
 
 log = logging.getLogger("fibercore.sync")
 
@@ -98,12 +97,10 @@ def _map(name: str, ctype: Any, tag: bytes, machine: str) -> Any | None:
             resource_tracker.unregister(segment._name, "shared_memory")  # type: ignore[attr-defined]
         except Exception:
             pass
-        st = os.fstat(segment._fd)  # type: ignore[attr-defined]
-        if (st.st_uid != os.geteuid() or st.st_mode & 0o077 or segment.size < HEADER + ctypes.sizeof(ctype)
-                or not hmac.compare_digest(bytes(segment.buf[:HEADER]), tag)):  # type: ignore[index]
-            log.warning("shared memory /dev/shm%s is not the segment of this object (another owner, mode "
-                        "%o or content): not mapped; every access goes to the creating process instead",
-                        segment._name, st.st_mode & 0o777)  # type: ignore[attr-defined]
+        why = not_our_segment(segment._fd, tag, HEADER + ctypes.sizeof(ctype))  # type: ignore[attr-defined]
+        if why is not None:
+            log.warning("shared memory /dev/shm%s is not the segment of this object (%s): not mapped; every "
+                        "access goes to the creating process instead", segment._name, why)  # type: ignore[attr-defined]
             segment.close()
             return None
         _segments[name] = segment

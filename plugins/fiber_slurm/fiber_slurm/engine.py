@@ -224,14 +224,15 @@ class Engine:
                 time.sleep(0.2)
 
     # -- sessions ---------------------------------------------------------------------------
-    def list_named(self, prefix: str) -> list[tuple[str, str, str, str]]:
-        """(id, name, state, node) of this user's jobs whose name starts with ``prefix``."""
-        text = run(["squeue", "-h", "-t", "all", "--me", "-o", "%i|%T|%N|%j"])
+    def list_named(self, prefix: str, column: str = "%N") -> list[tuple[str, str, str, str]]:
+        """(id, name, state, node) of this user's jobs whose name starts with ``prefix``;
+        ``column``: another squeue field in the node's place (``%k``: the comment)."""
+        text = run(["squeue", "-h", "-t", "all", "--me", "-o", f"%i|%T|{column}|%j"])
         out = []
         for line in text.splitlines():
-            job_id, state, node, name = line.split("|", 3)
+            job_id, state, extra, name = line.split("|", 3)
             if name.startswith(prefix):
-                out.append((job_id, name, state, node))
+                out.append((job_id, name, state, extra))
         return out
 
     def show(self, job_id: str) -> dict[str, str]:
@@ -273,16 +274,6 @@ class Engine:
             raise SlurmError(f"the output of Slurm job {job_id} ({path}) cannot be read here: {exc}; "
                              "fiber logs must run on a node that sees slurm_spool_dir") from None
 
-    def list_commented(self, prefix: str) -> list[tuple[str, str, str, str]]:
-        """(id, name, state, comment) of this user's jobs whose name starts with ``prefix``."""
-        text = run(["squeue", "-h", "-t", "all", "--me", "-o", "%i|%T|%k|%j"])
-        out = []
-        for line in text.splitlines():
-            job_id, state, comment, name = line.split("|", 3)
-            if name.startswith(prefix):
-                out.append((job_id, name, state, comment))
-        return out
-
     def cleanup(self, session: str | None) -> int:
         """Cancel the jobs of ``session``; None: of every session whose master is gone
         (:func:`fibercore.backendkit.sessions_to_clean`; a job's comment names its master)."""
@@ -293,7 +284,7 @@ class Engine:
         jobs = [(name.split("-")[1], {MASTER_LABEL: comment if comment != "(null)" else "",
                                       PROCESS_LABEL: "master" if name.endswith("-master") else ""},
                  state in ACTIVE)
-                for _, name, state, comment in self.list_commented("fiber-") if name.count("-") >= 2]
+                for _, name, state, comment in self.list_named("fiber-", "%k") if name.count("-") >= 2]
         return sum(self._cleanup_session(s) for s in sessions_to_clean(jobs))
 
     def _cleanup_session(self, session: str) -> int:
