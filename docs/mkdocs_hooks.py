@@ -17,7 +17,6 @@ So an option, hook or command added to the code is on the site at the next build
 from __future__ import annotations
 
 import contextlib
-import importlib
 import inspect
 import io
 import re
@@ -31,16 +30,16 @@ MARKER = re.compile(r"<!-- fiber:(options|hooks|cli|include)\s*([^>]*?)\s*-->")
 def all_options() -> list[Any]:
     """The core's options, then each installed backend's (entry points fiber.backends)."""
     from fibercore.config import CORE_OPTIONS
-    from fibercore.plugins import BACKENDS_GROUP, installed
+    from fibercore.plugins import BACKENDS_GROUP, installed, load_value
 
     options = list(CORE_OPTIONS)
     seen = set()
     for info in installed(BACKENDS_GROUP):
-        module = importlib.import_module(info.value.split(":")[0])
-        if module.__name__ in seen or not hasattr(module, "fiber_config_options"):
+        plugin = load_value(info.value)
+        if info.value in seen or not hasattr(plugin, "fiber_config_options"):
             continue
-        seen.add(module.__name__)
-        options += module.fiber_config_options()
+        seen.add(info.value)
+        options += plugin.fiber_config_options()
     return options
 
 

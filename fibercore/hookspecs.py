@@ -8,12 +8,16 @@ specs only ever grow by adding arguments; an implementation may accept fewer
 arguments than its spec (pluggy's opt-in arguments), so it keeps working.
 
 Contract version (:data:`CONTRACT_VERSION`, shown by ``fiber backends``): a plugin
-module declares the version it was written for as ``FIBER_CONTRACT = 2``. The core
-refuses, with the fix in the message, a plugin that declares a version it does not
-speak (older than :data:`MIN_CONTRACT_VERSION` or newer than its own). Contract 2:
-job hooks receive the effective ``config`` (a :class:`fibercore.types.ConfigView`);
-``JobSpec`` carries ``session``, ``python`` and ``args`` (no ``command``); a backend
-reports what it runs in ``Job.command`` and never changes the spec. A backend needs
+declares the version it was written for as ``FIBER_CONTRACT = 3`` (a module attribute,
+or a class attribute of a plugin object). The core refuses, with the fix in the message,
+a plugin that declares a version it does not speak (older than
+:data:`MIN_CONTRACT_VERSION` or newer than its own). Contract 3: every hook's parameters,
+result and calling rule are written below; ``fiber_cleanup_jobs(None)`` has one meaning
+(the jobs of sessions whose master is gone); every hook that takes a configuration takes
+a :class:`fibercore.types.ConfigView`; a backend may be an object
+(:class:`fibercore.backendkit.EngineBackend`) named by its entry point. Contract 2 gave
+job hooks the effective ``config``, and ``JobSpec`` its ``session``, ``python`` and
+``args``; a backend reports what it runs in ``Job.command`` and never changes the spec. A backend needs
 only the public names: :mod:`fibercore.types`, :mod:`fibercore.backendkit`,
 ``fibercore.hookimpl`` (and :mod:`fibercore.testing` in its tests).
 
@@ -48,9 +52,9 @@ if TYPE_CHECKING:
 PROJECT_NAME = "fiber"
 
 #: The version of this contract (hook signatures and the types they exchange).
-CONTRACT_VERSION = 2
+CONTRACT_VERSION = 3
 #: The oldest declared version this core still loads.
-MIN_CONTRACT_VERSION = 2
+MIN_CONTRACT_VERSION = 3
 
 hookspec = pluggy.HookspecMarker(PROJECT_NAME)
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)

@@ -3,8 +3,9 @@
 Entry-point groups:
 
 ``fiber.backends``
-    one entry point per backend; its name is the ``FIBER_BACKEND`` value
-    (``aws = "fiber_aws.plugin"``). Only the selected backend is imported.
+    one entry point per backend; its name is the ``FIBER_BACKEND`` value, its value the
+    plugin: a module, or an object (``aws = "fiber_aws.plugin:plugin"``, an
+    :class:`fibercore.backendkit.EngineBackend`). Only the selected backend is imported.
 ``fiber.plugins``
     extensions that are always loaded (a transport, a serializer, an observer),
     unless ``FIBER_DISABLE_PLUGIN_AUTOLOAD`` is set.
@@ -13,7 +14,7 @@ Backend selection, first that applies (docs/configuration.md)::
 
     fibercore.init(backend=) > FIBER_BACKEND > config file > fiber_detect_backend() > local
 
-Every plugin may declare the hook contract it was written for (``FIBER_CONTRACT = 2``
+Every plugin may declare the hook contract it was written for (``FIBER_CONTRACT = 3``
 in its module); a declared version this core does not speak is refused at load time
 with the fix (see :mod:`fibercore.hookspecs`).
 
@@ -148,7 +149,7 @@ def unknown_backend_message(name: str) -> str:
             f"named {name!r} must be installed first (`fiber backends` lists what is).")
 
 
-def _load_value(value: str) -> Any:
+def load_value(value: str) -> Any:
     """Import ``module`` or ``module:attribute`` (an entry point's value)."""
     module_name, _, attr = value.partition(":")
     obj: Any = importlib.import_module(module_name.strip())
@@ -221,13 +222,13 @@ def detect_backend() -> str | None:
     pm.add_hookspecs(hookspecs)
     for info in installed(BACKENDS_GROUP):
         try:
-            module = importlib.import_module(info.value.split(":")[0])
+            plugin = load_value(info.value)
         except Exception as exc:  # a broken plugin must not break detection
             log.debug("backend %s not importable for detection: %s", info.name, exc)
             continue
-        if pm.is_registered(module):
+        if pm.is_registered(plugin):
             continue
-        pm.register(module, name=f"{BACKENDS_GROUP}:{info.name}")
+        pm.register(plugin, name=f"{BACKENDS_GROUP}:{info.name}")
     for answer in pm.hook.fiber_detect_backend():
         if answer:
             return str(answer)
@@ -259,12 +260,12 @@ class Plugins:
             # In a job: the master resolved the entry points already; importing the
             # modules directly skips reading every distribution's metadata.
             for value in filter(None, resolved.split(",")):
-                _register(pm, _load_value(value), value)
+                _register(pm, load_value(value), value)
                 values.append(value)
         elif not truthy_env("FIBER_DISABLE_PLUGIN_AUTOLOAD"):
             for info in installed(PLUGINS_GROUP):
                 try:
-                    obj = _load_value(info.value)
+                    obj = load_value(info.value)
                 except Exception as exc:
                     raise ConfigError(
                         f"the {PLUGINS_GROUP} plugin {info.name!r} ({info.value}) from "

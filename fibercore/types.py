@@ -4,7 +4,7 @@ A backend plugin knows these types and nothing else of the core (docs/architectu
 `JobSpec` (what to run), `Job` (a handle to what runs), `JobStatus` (where it is),
 `Option` (a configuration key a plugin declares) and `ConfigView` (what a hook's
 ``config`` argument offers). Together with :mod:`fibercore.backendkit` and
-``fibercore.hookimpl`` they are hook contract 2 (:data:`fibercore.hookspecs.CONTRACT_VERSION`).
+``fibercore.hookimpl`` they are hook contract 3 (:data:`fibercore.hookspecs.CONTRACT_VERSION`).
 """
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ def test_a_backend_that_cannot_be_reached_is_one_line_naming_the_fix(tmp_path):
         import fibercore
         from fibercore.errors import BackendUnavailableError
 
-        FIBER_CONTRACT = 2
+        FIBER_CONTRACT = 3
 
         class DaemonDown(RuntimeError, BackendUnavailableError):
             pass

@@ -1,4 +1,4 @@
-"""Hook contract 2: every backend in this repository (and the third-party fixture) uses
+"""Hook contract 3: every backend in this repository (and the third-party fixture) uses
 fibercore's public names only, so a backend written outside it needs nothing more.
 
 Public for plugin packages: ``fibercore`` (its ``__all__``: ``hookimpl``, the errors...),

@@ -166,7 +166,7 @@ def test_facade_loads_selected_backend_only():
     assert "fiber.backends:local" in names
 
 
-# -- hook contract 2 ---------------------------------------------------------------------------
+# -- hook contract 3 ---------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("declared,fix", [(hookspecs.CONTRACT_VERSION + 1, "upgrade fibercore"),
@@ -195,7 +195,7 @@ def test_job_hooks_get_the_config_and_the_spec_says_session_and_interpreter(fres
     seen = {}
 
     class Observer:
-        FIBER_CONTRACT = 2
+        FIBER_CONTRACT = 3
 
         @fibercore.hookimpl(hookwrapper=True)
         def fiber_create_job(self, spec, config):
@@ -233,7 +233,7 @@ def test_fiber_backends_shows_the_contract_versions(capsys):
     assert main(["backends"]) == 0
     out = capsys.readouterr().out
     assert f"hook contract {hookspecs.CONTRACT_VERSION}" in out
-    assert re.search(r"^  local\s+-\s+fiber-local \S+\s+2\s+fiber_local.plugin$", out, re.M), out
+    assert re.search(r"^  local\s+-\s+fiber-local \S+\s+3\s+fiber_local.plugin:plugin$", out, re.M), out
     # each backend once, its other names in the aliases column
     backends = out.split("Selected backend")[0]
     if "kubernetes" in installed_backends():  # not in scripts/drift's core-only venv

@@ -375,7 +375,7 @@ class CloudpickleSerializer:
 
 
 class CloudpicklePlugin:
-    FIBER_CONTRACT = 2
+    FIBER_CONTRACT = 3
 
     @hookimpl(trylast=True)
     def fiber_serializer(self, config: Any) -> CloudpickleSerializer:

@@ -1453,7 +1453,7 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class TcpPlugin:
-    FIBER_CONTRACT = 2
+    FIBER_CONTRACT = 3
 
     @hookimpl(trylast=True)
     def fiber_transport(self, config: Any) -> TcpTransport | None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 from typing import Any
 
 from fibercore.plugins import PLUGINS_GROUP, backends_by_module, declared_contract, installed
@@ -42,12 +41,14 @@ def _table(title: str, rows: list[tuple[str, ...]]) -> None:
 
 
 def _declared(value: str) -> str:
-    """The contract an entry point's module declares, importing it (plugins import light)."""
+    """The contract an entry point's plugin declares, importing it (plugins import light)."""
+    from fibercore.plugins import load_value
+
     try:
-        module = importlib.import_module(value.split(":")[0].strip())
+        plugin = load_value(value)
     except Exception as exc:  # a broken plugin is listed, not fatal
         return f"? (import failed: {type(exc).__name__})"
-    version = declared_contract(module)
+    version = declared_contract(plugin)
     return str(version) if version is not None else "undeclared"
 
 

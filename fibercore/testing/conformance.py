@@ -395,25 +395,53 @@ class BackendConformance:
         for p in procs:
             assert p.job_status() in (JobStatus.EXITED, JobStatus.UNKNOWN)
 
-    # -- fiber cleanup ----------------------------------------------------------------------------
-    def test_cleanup_without_a_session_removes_only_the_jobs_of_a_gone_master(self, tmp_path: Any) -> None:
-        """``fiber_cleanup_jobs(None)`` (``fiber cleanup``): the job of a master killed with
-        SIGKILL is removed; the job of a running program (this one) is not."""
+    # -- a master that dies ------------------------------------------------------------------------
+    def test_a_master_killed_with_sigkill_leaves_no_job(self, tmp_path: Any) -> None:
+        """Nothing is left running when a master dies without a word (SIGKILL: no exit
+        handler runs): its jobs end by themselves, without ``fiber cleanup``."""
+        session, master = self._killed_master(tmp_path)
+        try:
+            plugins = fc.get_runtime().plugins
+            deadline = time.monotonic() + self.timeout
+            while time.monotonic() < deadline:
+                left = [j for j in plugins.list_jobs(session) if j.status in (JobStatus.RUNNING, JobStatus.PENDING)]
+                if not left:
+                    break
+                time.sleep(0.5)
+            else:
+                raise AssertionError(f"jobs of a master killed with SIGKILL still run after {self.timeout} s: {left}")
+        finally:
+            if master.poll() is None:
+                master.kill()
+            fc.get_runtime().plugins.cleanup_jobs(session)
+
+    def _killed_master(self, tmp_path: Any) -> tuple[str, Any]:
+        """Start a master (another process) that starts a long job, says its session once the
+        job runs, and kills itself with SIGKILL: (session, the master's Popen) once it is dead."""
         import json
         import subprocess
         import sys
 
-        live = fc.Process(target=sleep_for, args=(300,))
-        live.start()
         script = tmp_path / "killed_master.py"
         script.write_text(_KILLED_MASTER)
         env = {**os.environ, "FIBER_CONFORMANCE_INIT": json.dumps({"backend": self.backend, **self.config},
                                                                    default=str)}
         master = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env)
+        assert master.stdout is not None
+        session = master.stdout.readline().strip()  # once its job runs
+        assert master.wait(self.timeout) == -signal.SIGKILL, f"the master ended otherwise: {session!r}"
+        return session, master
+
+    # -- fiber cleanup ----------------------------------------------------------------------------
+    def test_cleanup_without_a_session_removes_only_the_jobs_of_a_gone_master(self, tmp_path: Any) -> None:
+        """``fiber_cleanup_jobs(None)`` (``fiber cleanup``): the job of a master killed with
+        SIGKILL is removed; the job of a running program (this one) is not."""
+
+        live = fc.Process(target=sleep_for, args=(300,))
+        live.start()
+        master = None
         try:
-            assert master.stdout is not None
-            session = master.stdout.readline().strip()  # once its job runs
-            assert master.wait(self.timeout) == -signal.SIGKILL, f"the master ended otherwise: {session!r}"
+            session, master = self._killed_master(tmp_path)
             plugins = fc.get_runtime().plugins
             removed = plugins.cleanup_jobs(None)
             if not self.jobs_end_with_their_master:
@@ -427,7 +455,7 @@ class BackendConformance:
                 raise AssertionError(f"the killed master's jobs still run: {plugins.list_jobs(session)}")
             assert live.is_alive(), "fiber cleanup removed the job of a master that still runs"
         finally:
-            if master.poll() is None:
+            if master is not None and master.poll() is None:
                 master.kill()
             live.terminate()
             live.join(self.timeout)

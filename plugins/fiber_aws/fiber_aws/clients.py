@@ -11,9 +11,12 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from fibercore.errors import BackendUnavailableError
+
+if TYPE_CHECKING:
+    from fibercore.types import ConfigView
 
 #: Error codes worth another try after a pause (throttling, AWS-side hiccups).
 RETRYABLE = frozenset({
@@ -75,7 +78,7 @@ def reraise(exc: BaseException, doing: str) -> NoReturn:
 class Clients:
     """The session and the three clients one master (or job) uses, made on first use."""
 
-    def __init__(self, cfg: Mapping[str, Any]) -> None:
+    def __init__(self, cfg: ConfigView) -> None:
         self._cfg = cfg
         self._clients: dict[str, Any] = {}
 

@@ -4,534 +4,100 @@ Create = SubmitJob (overrides for command, environment, vCPU/memory/GPU), status
 wait from batched DescribeJobs (:mod:`fiber_aws.tracker`), terminate = TerminateJob,
 logs from CloudWatch Logs, the session secret in SSM Parameter Store. Any
 AWS-compatible endpoint works through ``aws_endpoint_url`` (the tests use moto's
-server). boto3 is imported on first use. See the README for IAM, networking and the
-differences between moto and AWS.
+server). The work is in :mod:`fiber_aws.engine` (boto3 is imported on first use); this
+module is the declarations. See the README for IAM, networking and the differences
+between moto and AWS.
 """
 
 from __future__ import annotations
 
-import atexit
-import json
 import os
-import socket
-import threading
-import time
-from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pluggy
+from fibercore import hookimpl
+from fibercore.backendkit import EngineBackend
 
-hookimpl = pluggy.HookimplMarker("fiber")
+if TYPE_CHECKING:
+    from fiber_aws.engine import Engine
+    from fibercore.types import ConfigView, Option
 
-#: The fibercore hook contract these hooks are written for (fibercore.hookspecs).
-FIBER_CONTRACT = 2
 NAME = "aws"
-TERMINAL_STATES = ("SUCCEEDED", "FAILED")
-ACTIVE_STATES = ("SUBMITTED", "PENDING", "RUNNABLE", "STARTING", "RUNNING")
-_LOG_TAIL = 64 * 1024
 
 
-class Backend:
-    """This process's AWS state: clients, the job tracker, definitions, the secret."""
+class AwsBackend(EngineBackend["Engine"]):
+    FIBER_CONTRACT = 3
+    NAME = NAME
+    DISTRIBUTION = "fiber-aws"
+    ENGINE_KEYS = ("aws_region", "aws_profile", "aws_endpoint_url", "aws_retry_mode", "aws_max_attempts",
+                   "aws_poll_interval")
+    follows_logs = True
+    reach_check = "AWS Batch reachable with these credentials"
+    reach_fix = "set credentials (AWS_PROFILE / aws_profile, or the environment) and aws_region"
 
-    def __init__(self, cfg: Any) -> None:
-        from fiber_aws.clients import Clients
-        from fiber_aws.tracker import Tracker
+    def make_engine(self, config: ConfigView) -> Engine:
+        from fiber_aws.engine import Engine
 
-        self.cfg = cfg
-        self.clients = Clients(cfg)
-        self.definitions: dict[str, str] = {}
-        self.owned_secrets: dict[str, str] = {}  # session -> parameter this process created
-        self.lock = threading.Lock()
-        self.tracker = Tracker(self._describe, float(cfg.get("aws_poll_interval") or 1.0), self._find_exit)
+        return Engine(config)
 
-    # -- calls ------------------------------------------------------------------------
-    def _describe(self, ids: list[str]) -> list[dict[str, Any]]:
-        return list(self.clients("batch").describe_jobs(jobs=ids)["jobs"])
+    @hookimpl
+    def fiber_config_options(self) -> list[Option]:
+        opt = self.option
+        return [
+            opt("aws_region", str, None, "AWS region (default: AWS_REGION / the profile's)."),
+            opt("aws_profile", str, None, "Named profile from ~/.aws/config (default: the environment's credentials)."),
+            opt("aws_endpoint_url", str, None,
+                "Endpoint of an AWS-compatible service (moto, LocalStack) for Batch, Logs and SSM."),
+            opt("aws_job_queue", str, None, "Batch job queue (name or ARN) the jobs are submitted to. Required."),
+            opt("aws_job_definition", str, None,
+                "Registered job definition to use (name, name:revision or ARN); default: fibercore registers "
+                "fiber-<hash> from image, cpu/mem/gpu_per_job and the roles, once."),
+            opt("aws_job_role_arn", str, None, "IAM role the jobs run with (reads the SSM secret, calls AWS)."),
+            opt("aws_execution_role_arn", str, None,
+                "Execution role (required on Fargate: pulls the image, writes logs)."),
+            opt("aws_platform", str, "EC2", "EC2 or FARGATE compute environments.", ("EC2", "FARGATE")),
+            opt("aws_public_ip", bool, False, "Fargate: give jobs a public IP (needed without a NAT gateway to pull "
+                                              "images)."),
+            opt("aws_tags", str, None, "Extra tags on every job: KEY=VALUE,... (jobs always carry fiber-session and "
+                                       "fiber-process)."),
+            opt("aws_environment", str, None,
+                "Extra environment for the jobs: KEY=VALUE,... (visible in DescribeJobs: no credentials here)."),
+            opt("aws_secret_store", str, "ssm",
+                "How jobs get the session secret: ssm (a SecureString parameter; the job reads it) or "
+                "environment (plain, visible in DescribeJobs).", ("ssm", "environment")),
+            opt("aws_ssm_prefix", str, "/fibercore", "SSM path under which session secrets are stored."),
+            opt("aws_kms_key", str, None, "KMS key for the SSM SecureString (default: the account's aws/ssm key)."),
+            opt("aws_log_group", str, "/aws/batch/job", "CloudWatch Logs group of the jobs' output."),
+            opt("aws_poll_interval", float, 1.0, "Seconds between DescribeJobs polls (100 jobs per call)."),
+            opt("aws_retry_mode", str, "adaptive", "botocore retry mode.", ("standard", "adaptive", "legacy")),
+            opt("aws_max_attempts", int, 10, "Attempts per AWS call (botocore retries)."),
+            opt("aws_submit_retries", int, 5, "Extra SubmitJob tries after throttling, with backoff up to 8 s."),
+            opt("aws_job_listen_host", str, None,
+                "Address a Batch job advertises for the processes it starts (default: its task's IP)."),
+        ]
 
-    def _find_exit(self, job: Any) -> int | None:
-        """A FAILED job's exit code when DescribeJobs lacks it (moto): its ListJobs summary."""
-        queue = self.cfg.get("aws_job_queue")
-        if not queue:
-            return None
-        listed = self.clients("batch").list_jobs(jobQueue=queue, filters=[{"name": "JOB_NAME", "values": [job.name]}])
-        for summary in listed.get("jobSummaryList", []):
-            if summary.get("jobId") == job.job_id:
-                code = (summary.get("container") or {}).get("exitCode")
-                return None if code is None else int(code)
-        return None
+    @hookimpl
+    def fiber_config_defaults(self) -> dict[str, Any]:
+        """Submitting is one API call: a Pool submits all its jobs at once. Batch jobs can
+        wait in RUNNABLE for capacity, so starting waits up to 10 minutes."""
+        return {"pool_start_concurrency": 0, "start_timeout": 600.0}
 
-    def definition(self, image: str) -> str:
-        """The configured job definition, or fibercore's for ``image`` (registered once)."""
-        from fiber_aws.clients import reraise
-        from fiber_aws.requests import job_definition
+    @hookimpl
+    def fiber_listen_host(self, config: ConfigView) -> str:
+        from fiber_aws.engine import listen_host
 
-        configured = self.cfg.get("aws_job_definition")
-        if configured:
-            return str(configured)
-        body = job_definition(image, self.cfg)
-        name = body["jobDefinitionName"]
-        with self.lock:
-            if name in self.definitions:
-                return self.definitions[name]
-            batch = self.clients("batch")
-            try:
-                found = batch.describe_job_definitions(jobDefinitionName=name, status="ACTIVE")["jobDefinitions"]
-                if found:
-                    arn = max(found, key=lambda d: d["revision"])["jobDefinitionArn"]
-                else:
-                    arn = batch.register_job_definition(**body)["jobDefinitionArn"]
-            except Exception as exc:
-                reraise(exc, f"registering the job definition {name} for image {image}")
-            self.definitions[name] = arn
-            return arn
+        return listen_host(config)
 
-    def secret_parameter(self, session: str, secret_hex: str) -> str | None:
-        """The SSM parameter holding the secret (stored on first use), or None to use the environment."""
+    @hookimpl
+    def fiber_job_secret(self, session: str, config: ConfigView) -> str | None:
+        """In a Batch job: read the session secret from the SSM parameter the master named."""
         from fiber_aws import secret
+        from fiber_aws.clients import Clients
         from fiber_aws.requests import SECRET_PARAM_ENV
 
-        if (self.cfg.get("aws_secret_store") or "ssm") != "ssm":
+        name = os.environ.get(SECRET_PARAM_ENV)
+        if not name:
             return None
-        inherited = os.environ.get(SECRET_PARAM_ENV)
-        if inherited and os.environ.get("FIBER_SESSION") == session:
-            return inherited  # a job starting jobs: the master's parameter
-        with self.lock:
-            name = self.owned_secrets.get(session)
-            if name is None:
-                name = secret.parameter_name(self.cfg.get("aws_ssm_prefix") or "/fibercore", session)
-                secret.store(self.clients("ssm"), name, secret_hex, session, self.cfg.get("aws_kms_key"))
-                self.owned_secrets[session] = name
-            return name
+        return secret.fetch(Clients(config)("ssm"), name)
 
-    def submit(self, spec: Any) -> tuple[Any, list[str]]:
-        """Submit ``spec``: the tracked job and the command line it runs."""
-        from fiber_aws.clients import AwsSetupError, call_with_backoff
-        from fiber_aws.requests import submit_request
-        from fiber_aws.tracker import BatchJob
 
-        image = spec.image or self.cfg.get("default_image")
-        if not image and not self.cfg.get("aws_job_definition"):
-            raise AwsSetupError(
-                "no image for the Batch jobs: set image=... (FIBER_IMAGE) to an image your compute "
-                "environment can pull (e.g. from ECR; `python -m fiber_docker.image` builds one), or "
-                "aws_job_definition to a registered definition"
-            )
-        secret_hex = spec.secret_env.get("FIBER_SECRET", "")
-        session = spec.session
-        request = submit_request(spec, self.cfg, session=session, definition=self.definition(str(image)),
-                                 secret_param=self.secret_parameter(session, secret_hex) if secret_hex else None)
-        batch = self.clients("batch")
-        answer = call_with_backoff(lambda: batch.submit_job(**request), int(self.cfg.get("aws_submit_retries") or 5),
-                                   f"submitting Batch job {request['jobName']} to queue {request['jobQueue']}")
-        job = BatchJob(answer["jobId"], request["jobName"])
-        self.tracker.add(job)
-        self.tracker.poke()
-        return job, list(request["containerOverrides"]["command"])
-
-    def terminate(self, job: Any, force: bool) -> None:
-        from fiber_aws.clients import error_code, reraise
-
-        if job.done.is_set():
-            return
-        if job.terminated is None or force:
-            job.terminated = force
-        reason = "fibercore: " + ("kill()" if force else "terminate()")
-        try:
-            self.clients("batch").terminate_job(jobId=job.job_id, reason=reason)
-        except Exception as exc:
-            if error_code(exc) != "ClientException":  # unknown or finished job: nothing to stop
-                reraise(exc, f"terminating Batch job {job.job_id}")
-        self.tracker.poke()
-
-    def logs(self, job: Any) -> str:
-        from fiber_aws.clients import error_code
-
-        if job.log_stream is None:
-            try:  # one describe for this job, on demand (e.g. to explain a failed start)
-                described = self._describe([job.job_id])
-                if described:
-                    job.update(described[0])
-            except Exception:
-                pass
-        group = self.cfg.get("aws_log_group") or "/aws/batch/job"
-        if job.log_stream is None:
-            return (f"(no logs yet for Batch job {job.name} [{job.job_id}], status {job.status}: Batch writes a "
-                    f"job's output to CloudWatch Logs group {group} once its container runs)")
-        logs = self.clients("logs")
-        lines: list[str] = []
-        size = 0
-        kwargs: dict[str, Any] = {"logGroupName": group, "logStreamName": job.log_stream, "startFromHead": True}
-        try:
-            while True:
-                page = logs.get_log_events(**kwargs)
-                for event in page.get("events", []):
-                    lines.append(event.get("message", ""))
-                    size += len(lines[-1]) + 1
-                token = page.get("nextForwardToken")
-                if not page.get("events") or token == kwargs.get("nextToken") or size > 4 * _LOG_TAIL:
-                    break
-                kwargs["nextToken"] = token
-        except Exception as exc:
-            if error_code(exc) == "ResourceNotFoundException":
-                return f"(no logs yet in {group}/{job.log_stream} for Batch job {job.name}, status {job.status})"
-            return f"(could not read the logs of Batch job {job.name} from {group}/{job.log_stream}: {exc})"
-        text = "\n".join(lines)
-        return text[-_LOG_TAIL:]
-
-    # -- operations (the fiber command, from any process) ------------------------------
-    def _summaries(self, session: str | None) -> list[dict[str, Any]]:
-        """ListJobs of the queue for the session's job names, every status."""
-        queue = self.cfg.get("aws_job_queue")
-        if not queue:
-            return []
-        batch = self.clients("batch")
-        pattern = f"fiber-{session}-*" if session else "fiber-*"
-        kwargs: dict[str, Any] = {"jobQueue": queue, "filters": [{"name": "JOB_NAME", "values": [pattern]}]}
-        out: list[dict[str, Any]] = []
-        while True:
-            page = batch.list_jobs(**kwargs)
-            out += page.get("jobSummaryList", [])
-            if not page.get("nextToken"):
-                return out
-            kwargs["nextToken"] = page["nextToken"]
-
-    def list_jobs(self, session: str | None) -> list[Any]:
-        from fibercore.types import JobInfo, JobStatus
-
-        ids = [s["jobId"] for s in self._summaries(session)]
-        out = []
-        for i in range(0, len(ids), 100):  # DescribeJobs takes 100 ids: the tags, image, exit code
-            for job in self._describe(ids[i:i + 100]):
-                tags = job.get("tags") or {}
-                state = job.get("status", "")
-                status = (JobStatus.RUNNING if state == "RUNNING" else JobStatus.EXITED
-                          if state in ("SUCCEEDED", "FAILED") else JobStatus.PENDING)
-                container = job.get("container") or {}
-                created = job.get("createdAt")
-                out.append(JobInfo(jid=job["jobId"], backend=NAME, session=tags.get("fiber-session", "?"),
-                                   name=tags.get("fiber-process", job.get("jobName", "?")), status=status,
-                                   image=container.get("image"), exitcode=container.get("exitCode"),
-                                   created=created / 1000 if created else None))
-        return out
-
-    def job_by_id(self, jid: str) -> Any:
-        """A tracker record for Batch job ``jid`` of a fiber session, or None."""
-        from fiber_aws.tracker import BatchJob
-
-        try:
-            described = self._describe([jid])
-        except Exception:
-            return None
-        if not described or not described[0].get("jobName", "").startswith("fiber-"):
-            return None
-        job = BatchJob(jid, described[0]["jobName"])
-        job.update(described[0])
-        return job
-
-    def follow(self, job: Any) -> Iterator[str]:
-        """The job's CloudWatch log events as they arrive, until the job has ended."""
-        group = self.cfg.get("aws_log_group") or "/aws/batch/job"
-        logs = self.clients("logs")
-        token: str | None = None
-        drains = 0
-        interval = float(self.cfg.get("aws_poll_interval") or 1.0)
-        while True:
-            finished = job.done.is_set()
-            if job.log_stream is None and not finished:
-                job.done.wait(interval)
-                continue
-            while job.log_stream is not None:
-                kwargs: dict[str, Any] = {"logGroupName": group, "logStreamName": job.log_stream, "startFromHead": True}
-                if token:
-                    kwargs["nextToken"] = token
-                try:
-                    page = logs.get_log_events(**kwargs)
-                except Exception:
-                    break  # the stream is not there yet
-                for event in page.get("events", []):
-                    yield event.get("message", "") + "\n"
-                if not page.get("events") or page.get("nextForwardToken") == token:
-                    break
-                token = page.get("nextForwardToken")
-            if finished:
-                if token is None and drains < 10:  # Batch (and moto) may write the last events late
-                    drains += 1
-                    time.sleep(0.5)
-                    continue
-                return
-            job.done.wait(interval)
-
-    def cleanup(self, session: str | None) -> int:
-        """Terminate the active jobs of ``session`` and delete its secrets; None: of every session
-        whose master is gone (:func:`fibercore.backendkit.sessions_to_clean`, by the jobs' tags)."""
-        if session is not None:
-            return self._cleanup_session(session)
-        from fibercore.backendkit import sessions_to_clean
-
-        ids = [s["jobId"] for s in self._summaries(None)]
-        jobs = []
-        for i in range(0, len(ids), 100):  # DescribeJobs takes 100 ids: the tags
-            for job in self._describe(ids[i:i + 100]):
-                tags = job.get("tags") or {}
-                jobs.append((tags.get("fiber-session", ""), tags, job.get("status") in ACTIVE_STATES))
-        return sum(self._cleanup_session(s) for s in sessions_to_clean(jobs) if s)
-
-    def _cleanup_session(self, session: str) -> int:
-        """Terminate the active jobs of ``session``, delete its secrets."""
-        from fiber_aws import secret
-
-        queue = self.cfg.get("aws_job_queue")
-        count = 0
-        if queue:
-            batch = self.clients("batch")
-            pattern = f"fiber-{session}-*"
-            kwargs: dict[str, Any] = {"jobQueue": queue, "filters": [{"name": "JOB_NAME", "values": [pattern]}]}
-            while True:
-                page = batch.list_jobs(**kwargs)
-                for summary in page.get("jobSummaryList", []):
-                    if summary.get("status") in ACTIVE_STATES:
-                        batch.terminate_job(jobId=summary["jobId"], reason="fiber cleanup")
-                        count += 1
-                if not page.get("nextToken"):
-                    break
-                kwargs["nextToken"] = page["nextToken"]
-        if (self.cfg.get("aws_secret_store") or "ssm") == "ssm":
-            secret.delete_session(self.clients("ssm"), self.cfg.get("aws_ssm_prefix") or "/fibercore", session)
-            with self.lock:  # stored again if this process submits more jobs
-                for owned in [s for s in self.owned_secrets if s == session]:
-                    del self.owned_secrets[owned]
-        return count
-
-    def close(self) -> None:
-        """At exit: stop what still runs, delete the secrets this process stored."""
-        from fiber_aws import secret
-
-        for job in self.tracker.active():
-            try:
-                self.terminate(job, True)
-            except Exception:
-                pass
-        for name in list(self.owned_secrets.values()):
-            secret.delete(self.clients("ssm"), name)
-        self.owned_secrets.clear()
-
-
-_backend: Backend | None = None
-_backend_lock = threading.Lock()
-
-
-def backend(cfg: Any) -> Backend:
-    """This process's Backend, following the current config ``cfg`` (``init()`` may change it)."""
-    global _backend
-    with _backend_lock:
-        if _backend is None:
-            _backend = Backend(cfg)
-        elif _backend.cfg is not cfg:
-            from fiber_aws.clients import Clients
-
-            _backend.cfg, _backend.clients = cfg, Clients(cfg)
-            _backend.definitions.clear()
-    return _backend
-
-
-@atexit.register  # registered at import, so it runs after fibercore joined its jobs
-def _at_exit() -> None:
-    if _backend is not None:
-        _backend.close()
-
-
-def _batch_job(job: Any) -> Any:
-    if getattr(job, "backend", None) != NAME:
-        return None
-    return job.data
-
-
-# -- hooks ---------------------------------------------------------------------------------
-
-
-@hookimpl
-def fiber_config_options() -> list[Any]:
-    from fibercore.types import Option
-
-    def opt(name: str, typ: Any, default: Any, text: str, choices: tuple[Any, ...] | None = None) -> Any:
-        return Option(name, typ, default, text, choices=choices, plugin="fiber-aws")
-
-    return [
-        opt("aws_region", str, None, "AWS region (default: AWS_REGION / the profile's)."),
-        opt("aws_profile", str, None, "Named profile from ~/.aws/config (default: the environment's credentials)."),
-        opt("aws_endpoint_url", str, None, "Endpoint of an AWS-compatible service (moto, LocalStack) for Batch, Logs "
-                                           "and SSM."),
-        opt("aws_job_queue", str, None, "Batch job queue (name or ARN) the jobs are submitted to. Required."),
-        opt("aws_job_definition", str, None,
-            "Registered job definition to use (name, name:revision or ARN); default: fibercore registers "
-            "fiber-<hash> from image, cpu/mem/gpu_per_job and the roles, once."),
-        opt("aws_job_role_arn", str, None, "IAM role the jobs run with (reads the SSM secret, calls AWS)."),
-        opt("aws_execution_role_arn", str, None, "Execution role (required on Fargate: pulls the image, writes logs)."),
-        opt("aws_platform", str, "EC2", "EC2 or FARGATE compute environments.", ("EC2", "FARGATE")),
-        opt("aws_public_ip", bool, False, "Fargate: give jobs a public IP (needed without a NAT gateway to pull "
-                                          "images)."),
-        opt("aws_tags", str, None, "Extra tags on every job: KEY=VALUE,... (jobs always carry fiber-session and "
-                                   "fiber-process)."),
-        opt("aws_environment", str, None,
-            "Extra environment for the jobs: KEY=VALUE,... (visible in DescribeJobs: no credentials here)."),
-        opt("aws_secret_store", str, "ssm",
-            "How jobs get the session secret: ssm (a SecureString parameter; the job reads it) or "
-            "environment (plain, visible in DescribeJobs).", ("ssm", "environment")),
-        opt("aws_ssm_prefix", str, "/fibercore", "SSM path under which session secrets are stored."),
-        opt("aws_kms_key", str, None, "KMS key for the SSM SecureString (default: the account's aws/ssm key)."),
-        opt("aws_log_group", str, "/aws/batch/job", "CloudWatch Logs group of the jobs' output."),
-        opt("aws_poll_interval", float, 1.0, "Seconds between DescribeJobs polls (100 jobs per call)."),
-        opt("aws_retry_mode", str, "adaptive", "botocore retry mode.", ("standard", "adaptive", "legacy")),
-        opt("aws_max_attempts", int, 10, "Attempts per AWS call (botocore retries)."),
-        opt("aws_submit_retries", int, 5, "Extra SubmitJob tries after throttling, with backoff up to 8 s."),
-        opt("aws_job_listen_host", str, None,
-            "Address a Batch job advertises for the processes it starts (default: its task's IP)."),
-    ]
-
-
-@hookimpl
-def fiber_config_defaults() -> dict[str, Any]:
-    """Submitting is one API call: a Pool submits all its jobs at once. Batch jobs can
-    wait in RUNNABLE for capacity, so starting waits up to 10 minutes."""
-    return {"pool_start_concurrency": 0, "start_timeout": 600.0}
-
-
-def _task_ip() -> str | None:
-    """Inside ECS/Batch: this task's IPv4 address from the container metadata endpoint."""
-    uri = os.environ.get("ECS_CONTAINER_METADATA_URI_V4") or os.environ.get("ECS_CONTAINER_METADATA_URI")
-    if not uri:
-        return None
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(uri, timeout=2) as resp:
-            meta = json.load(resp)
-        return str(meta["Networks"][0]["IPv4Addresses"][0])
-    except Exception:
-        return None
-
-
-@hookimpl
-def fiber_listen_host(config: Any) -> str:
-    cfg = config
-    if os.environ.get("AWS_BATCH_JOB_ID"):  # a Batch job starting jobs of its own
-        return cfg.get("aws_job_listen_host") or _task_ip() or socket.gethostbyname(socket.gethostname())
-    # The master outside Batch: jobs in a VPC must be able to reach it (see the README).
-    from fibercore.backendkit import outward_address
-
-    return outward_address()
-
-
-@hookimpl
-def fiber_create_job(spec: Any, config: Any) -> Any:
-    from fibercore.types import Job
-
-    job, command = backend(config).submit(spec)
-    return Job(jid=job.job_id, backend=NAME, data=job, host=None, pid=None, spec=spec, command=command)
-
-
-@hookimpl
-def fiber_job_status(job: Any) -> Any:
-    from fibercore.types import JobStatus
-
-    b = _batch_job(job)
-    if b is None:
-        return None
-    if b.done.is_set():
-        return JobStatus.UNKNOWN if b.missing else JobStatus.EXITED
-    return JobStatus.RUNNING if b.status == "RUNNING" else JobStatus.PENDING
-
-
-@hookimpl
-def fiber_wait_job(job: Any, timeout: float | None, config: Any) -> int | None:
-    b = _batch_job(job)
-    if b is None:
-        return None
-    return backend(config).tracker.wait(b, timeout)
-
-
-@hookimpl
-def fiber_terminate_job(job: Any, force: bool, config: Any) -> bool | None:
-    b = _batch_job(job)
-    if b is None:
-        return None
-    backend(config).terminate(b, force)
-    return True
-
-
-@hookimpl
-def fiber_job_logs(job: Any, config: Any) -> str | None:
-    b = _batch_job(job)
-    if b is None:
-        return None
-    return backend(config).logs(b)
-
-
-@hookimpl
-def fiber_cleanup_jobs(session: str | None, config: Any) -> int:
-    return backend(config).cleanup(session)
-
-
-@hookimpl
-def fiber_job_secret(session: str, config: Any) -> str | None:
-    """In a Batch job: read the session secret from the SSM parameter the master named."""
-    from fiber_aws import secret
-    from fiber_aws.clients import Clients
-    from fiber_aws.requests import SECRET_PARAM_ENV
-
-    name = os.environ.get(SECRET_PARAM_ENV)
-    if not name:
-        return None
-    return secret.fetch(Clients(config)("ssm"), name)
-
-
-@hookimpl
-def fiber_list_jobs(session: str | None, config: Any) -> list[Any]:
-    return backend(config).list_jobs(session)
-
-
-@hookimpl
-def fiber_read_job_logs(jid: str, config: Any) -> str | None:
-    b = backend(config)
-    job = b.job_by_id(jid)
-    return None if job is None else b.logs(job)
-
-
-@hookimpl
-def fiber_follow_logs(job: Any, config: Any) -> Any:
-    b = _batch_job(job)
-    if b is None:
-        return None
-    return backend(config).follow(b)
-
-
-@hookimpl
-def fiber_doctor(config: Any) -> list[Any]:
-    from fibercore.types import Check
-
-    checks = []
-    queue = config.get("aws_job_queue")
-    try:
-        b = backend(config)
-        found = b.clients("batch").describe_job_queues(jobQueues=[queue] if queue else [])["jobQueues"]
-        checks.append(Check(NAME, "AWS Batch reachable with these credentials", True,
-                            config.get("aws_endpoint_url") or f"region {config.get('aws_region') or 'default'}"))
-    except Exception as exc:
-        text = f"{type(exc).__name__}: {exc}"
-        if "region" in str(exc).lower():
-            fix = "set aws_region (FIBER_AWS_REGION) or AWS_DEFAULT_REGION to the region of your Batch queue"
-        elif "endpoint" in str(exc).lower() or "connect" in str(exc).lower():
-            fix = "check aws_endpoint_url (FIBER_AWS_ENDPOINT_URL) and the network path to it"
-        else:
-            fix = "set credentials (AWS_PROFILE / aws_profile, or the environment) with batch:Describe* rights"
-        return [Check(NAME, "AWS Batch reachable with these credentials", False, text, fix)]
-    state = next((q for q in found if queue in (q.get("jobQueueName"), q.get("jobQueueArn"))), None)
-    checks.append(Check(NAME, "job queue", bool(state and state.get("state") == "ENABLED"),
-                        f"{queue}: {state.get('state') + ', ' + state.get('status', '') if state else 'not found'}"
-                        if queue else "aws_job_queue is not set",
-                        "create a Batch job queue and set aws_job_queue (FIBER_AWS_JOB_QUEUE) to its name"))
-    image = config.get("image") or config.get("default_image")
-    checks.append(Check(NAME, "worker image set", bool(image or config.get("aws_job_definition")), image or "",
-                        "set image= to an image the compute environment can pull (ECR), or aws_job_definition"))
-    return checks
+plugin = AwsBackend()

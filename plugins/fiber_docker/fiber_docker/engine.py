@@ -19,13 +19,18 @@ from __future__ import annotations
 import os
 import secrets
 import sys
-import tempfile
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from fiber_docker.options import CreateRequest, exit_code
+from fiber_docker.options import CreateRequest, build_request, container_name, exit_code
+from fibercore.backendkit import SecretFiles, clean_session, sessions_to_clean
 from fibercore.errors import BackendUnavailableError
+
+if TYPE_CHECKING:
+    from fibercore.types import Check, ConfigView, Job, JobInfo, JobSpec, JobStatus
+
+NAME = "docker"
 
 TAIL = 64 * 1024
 ENGINE_LABEL = "fiber-docker-engine"
@@ -76,7 +81,7 @@ class ContainerJob:
 
 
 class Engine:
-    """One per process: the Docker client and the streams that watch its containers."""
+    """One per Docker host: the client and the streams that watch its containers."""
 
     def __init__(self, docker_host: str | None = None) -> None:
         import docker
@@ -95,8 +100,8 @@ class Engine:
         self.engine_id = secrets.token_hex(8)
         self.jobs: dict[str, ContainerJob] = {}
         self._lock = threading.Lock()
-        self._secret_dir: str | None = None
-        self._secret_files: dict[str, str] = {}
+        # 0444: a container may run as another user (docker_user); the directory is 0700.
+        self._secrets = SecretFiles(mode=0o444, prefix="fiber-docker-")
         self._closing = False
         self._since = int(time.time()) - 1
         self._events = self._subscribe()
@@ -193,20 +198,40 @@ class Engine:
         inherited = os.environ.get("FIBERCORE_DOCKER_SECRET_SOURCE")
         if inherited and os.environ.get("FIBER_SESSION") == session:
             return inherited  # a job starting jobs: the master's file, by its host path
-        with self._lock:
-            path = self._secret_files.get(session)
-            if path is None:
-                if self._secret_dir is None:
-                    self._secret_dir = tempfile.mkdtemp(prefix="fiber-docker-")
-                    os.chmod(self._secret_dir, 0o700)
-                path = os.path.join(self._secret_dir, f"secret-{session}")
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o444)
-                with os.fdopen(fd, "w") as fh:
-                    fh.write(secret_hex)
-                self._secret_files[session] = path
-            return path
+        return self._secrets.path(session, secret_hex)
 
-    def create(self, request: CreateRequest, echo: bool) -> ContainerJob:
+    def create(self, spec: JobSpec, config: ConfigView) -> Job:
+        """A container for ``spec``, created, attached to and started: the Job once it runs."""
+        from fibercore.types import Job
+
+        secret_hex = spec.secret_env.get("FIBER_SECRET")
+        secret_source = self.secret_source(spec.session, secret_hex) if secret_hex and len(spec.secret_env) == 1 \
+            else None
+        request = build_request(
+            spec, config,
+            name=container_name(spec.session, spec.name, secrets.token_hex(3)),
+            labels={"fiber-backend": NAME},
+            secret_source=secret_source,
+            docker_socket=docker_socket(config),
+        )
+        job = self.start(request, echo=bool(config.get("docker_echo_output", True)))
+        return Job(jid=job.cid[:12], backend=NAME, data=job, host=None, pid=self.pid_of(job), spec=spec,
+                   command=request.command)
+
+    def status(self, job: ContainerJob) -> JobStatus:
+        from fibercore.types import JobStatus
+
+        if job.exited.is_set():
+            return JobStatus.UNKNOWN if job.lost else JobStatus.EXITED
+        return JobStatus.RUNNING if job.started else JobStatus.PENDING
+
+    def logs(self, job: ContainerJob) -> str:
+        text = bytes(job.tail).decode("utf-8", "replace")
+        if not text and not job.exited.is_set():
+            return f"(container {job.name} has printed nothing yet)"
+        return text
+
+    def start(self, request: CreateRequest, echo: bool) -> ContainerJob:
         """Create, attach to and start one container; return once it runs."""
         docker = self._docker
         labels = {**request.labels, ENGINE_LABEL: self.engine_id}
@@ -258,7 +283,7 @@ class Engine:
         job.output_done.wait(2.0)  # the last lines, for the logs of a failed job
         return job.exitcode
 
-    def kill(self, job: ContainerJob, force: bool) -> None:
+    def terminate(self, job: ContainerJob, force: bool) -> None:
         """SIGTERM (through the container's init) or SIGKILL; gone or stopped is fine."""
         if job.exited.is_set():
             return
@@ -281,38 +306,25 @@ class Engine:
         (:func:`fibercore.backendkit.sessions_to_clean`)."""
         if session is not None:
             return self._cleanup_session(session)
-        from fibercore.backendkit import sessions_to_clean
-
         found = self.api.containers(all=True, filters={"label": "fiber-session"})
         jobs = [((c.get("Labels") or {}).get("fiber-session", ""), c.get("Labels") or {},
                  c.get("State") in ("created", "running", "restarting", "paused")) for c in found]
-        return sum(self._cleanup_session(s) for s in sessions_to_clean(jobs) if s)
+        return sum(self._cleanup_session(s) for s in sessions_to_clean(jobs))
 
     def _cleanup_session(self, session: str) -> int:
-        """Remove every container of ``session``.
+        """Remove every container of ``session``, its master first."""
+        def find() -> list[tuple[str, bool]]:
+            found = self.api.containers(all=True, filters={"label": f"fiber-session={session}"})
+            return [(c["Id"], (c.get("Labels") or {}).get("fiber-process") == "master") for c in found]
 
-        A master (``fiber-process=master``, one ``fiber run`` started) goes first, so it
-        cannot replace the workers removed after it; later passes catch a container a
-        master created while the listing ran.
-        """
-        label = f"fiber-session={session}"
-        count = 0
-        masters = self.api.containers(all=True, filters={"label": [label, "fiber-process=master"]})
-        for info in masters:
-            self._remove_quietly(info["Id"])
-            count += 1
-        for attempt in range(5):
-            found = self.api.containers(all=True, filters={"label": label})
-            for info in found:
-                self._remove_quietly(info["Id"])
-                count += 1
-            if not found or not masters:
-                break
-            time.sleep(0.2 * (attempt + 1))
-        return count
+        def remove(ids: list[str]) -> None:
+            for cid in ids:
+                self._remove_quietly(cid)
+
+        return clean_session(find, remove)
 
     # -- operations (the fiber command, from any process) ------------------------------
-    def list_jobs(self, session: str | None) -> list[Any]:
+    def list_jobs(self, session: str | None) -> list[JobInfo]:
         """The containers of ``session`` (any fiber session when None) as JobInfo records."""
         from fibercore.types import JobInfo, JobStatus
 
@@ -340,13 +352,22 @@ class Engine:
             return None
         return data if "fiber-session" in (data["Config"].get("Labels") or {}) else None
 
-    def read_logs(self, jid: str) -> str:
-        return self.api.logs(jid, stdout=True, stderr=True).decode("utf-8", "replace")
+    def read_logs(self, jid: str) -> str | None:
+        if self.fiber_container(jid) is None:
+            return None
+        return str(self.api.logs(jid, stdout=True, stderr=True).decode("utf-8", "replace"))
 
-    def copy(self, jid: str, source: str, destination: str, into_job: bool, workdir: str) -> None:
-        """docker cp: a path in the container is relative to its working directory."""
+    def copy(self, jid: str, source: str, destination: str, into_job: bool) -> bool | None:
+        """docker cp: a path in the container is relative to its working directory; None when
+        ``jid`` is no fiber container."""
         import io
         import tarfile
+
+        data = self.fiber_container(jid)
+        if data is None:
+            return None
+        workdir = data["Config"].get("WorkingDir") or "/"
+        jid = data["Id"]
 
         def inside(path: str) -> str:
             return path if path.startswith("/") else os.path.join(workdir or "/", path)
@@ -358,7 +379,7 @@ class Engine:
             target = inside(destination)
             if not self.api.put_archive(jid, target, buf.getvalue()):
                 raise RuntimeError(f"docker refused to copy {source} into {jid}:{target} (is it a directory there?)")
-            return
+            return True
         try:
             stream, _ = self.api.get_archive(jid, inside(source))
         except self._docker.errors.NotFound:
@@ -376,6 +397,7 @@ class Engine:
             else:
                 os.makedirs(destination, exist_ok=True)
                 tar.extractall(destination, filter="data")
+        return True
 
     def close(self) -> None:
         """At exit: kill what still runs (the core has joined or stopped its jobs by now)."""
@@ -383,16 +405,37 @@ class Engine:
         for job in list(self.jobs.values()):
             if job.started and not job.exited.is_set():
                 try:
-                    self.kill(job, True)
+                    self.terminate(job, True)
                 except Exception:
                     pass
-        if self._secret_dir is not None:
-            for path in self._secret_files.values():
-                try:
-                    os.unlink(path)
-                except OSError:
-                    pass
+        self._secrets.close()
+        if self._secrets.directory is not None:
             try:
-                os.rmdir(self._secret_dir)
+                os.rmdir(self._secrets.directory)
             except OSError:
                 pass
+
+    def doctor(self, config: ConfigView) -> list[Check]:
+        """The daemon's version, and whether the image is there."""
+        from fiber_docker import DEFAULT_IMAGE
+        from fibercore.types import Check
+
+        version = self.client.version()
+        checks = [Check(NAME, "Docker daemon reachable", True,
+                        f"Docker {version.get('Version')}, API {version.get('ApiVersion')}")]
+        image = config.get("image") or config.get("default_image") or DEFAULT_IMAGE
+        try:
+            self.client.images.get(image)
+            checks.append(Check(NAME, f"image {image} present", True))
+        except Exception:
+            checks.append(Check(NAME, f"image {image} present", False, "not on this daemon",
+                                "build it: python -m fiber_docker.image (or fiber run --build), or docker pull it"))
+        return checks
+
+
+def docker_socket(config: ConfigView) -> str | None:
+    """The daemon's unix socket path, to mount into jobs so that they can start jobs."""
+    host = config.get("docker_host") or os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+    if host.startswith("unix://"):
+        return str(host[len("unix://"):])
+    return None

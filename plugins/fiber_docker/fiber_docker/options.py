@@ -12,9 +12,12 @@ import re
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fibercore.backendkit import parse_pairs, signal_exit_code
+
+if TYPE_CHECKING:
+    from fibercore.types import ConfigView
 
 #: Where the session secret is mounted inside each container (read-only).
 SECRET_TARGET = "/run/fiber/secret"
@@ -130,7 +133,7 @@ class CreateRequest:
 
 def build_request(
     spec: Any,
-    cfg: Mapping[str, Any],
+    cfg: ConfigView,
     *,
     name: str,
     labels: Mapping[str, str],

@@ -16,14 +16,20 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+import socket
 import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from fibercore.backendkit import signal_exit_code
-from fibercore.errors import BackendUnavailableError
+from fibercore.backendkit import clean_session, outward_address, sessions_to_clean, signal_exit_code
+from fibercore.errors import BackendUnavailableError, ConfigError
+
+if TYPE_CHECKING:
+    from fibercore.types import Check, ConfigView, Job, JobInfo, JobSpec, JobStatus
+
+NAME = "kubernetes"
 
 log = logging.getLogger("fiber_k8s")
 
@@ -230,7 +236,7 @@ class Engine:
     def _settle(self, job: PodJob, keep: bool = False) -> None:
         """Keep the pod's output, delete the pod, then report its end."""
         if not job.deleted:
-            job.logs = self.read_logs(job)
+            job.logs = self.pod_log(job)
             if self.cfg.get("k8s_delete_finished", True) and not keep:
                 self._delete(job.name, 0)
         if job.reason == "OOMKilled":
@@ -256,7 +262,40 @@ class Engine:
             self.known_secrets.add(name)
             return name
 
-    def create(self, manifest: dict[str, Any]) -> PodJob:
+    def create(self, spec: JobSpec, config: ConfigView) -> Job:
+        """A pod for ``spec`` (owned by the master's pod when there is one), the session secret
+        from a Secret; returns at once (status comes from the watch)."""
+        from fiber_k8s.manifest import label_value, pod_manifest, pod_name
+        from fibercore.types import Job
+
+        self.cfg = config  # the settings that are not the engine's key follow the current config
+        owner = self.owner_reference(own_pod_name(config))
+        session_labels = {"fiber-session": label_value(spec.session), "app.kubernetes.io/managed-by": "fibercore"}
+        secret_hex = spec.secret_env.get("FIBER_SECRET")
+        secret = self.ensure_secret(spec.session, secret_hex, session_labels, owner) if secret_hex else None
+        name = pod_name(spec.session, spec.name, secrets.token_hex(3))
+        manifest = pod_manifest(spec, config, name=name, namespace=self.namespace,
+                                labels={**session_labels, "fiber-backend": NAME}, owner=owner, secret=secret)
+        manifest["spec"]["containers"][0]["env"].append(
+            {"name": "FIBERCORE_K8S_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})
+        job = self.start(manifest)
+        return Job(jid=name, backend=NAME, data=job, host=None, pid=None, spec=spec,
+                   command=manifest["spec"]["containers"][0]["command"])
+
+    def status(self, job: PodJob) -> JobStatus:
+        from fibercore.types import JobStatus
+
+        if job.done.is_set():
+            return JobStatus.EXITED
+        return JobStatus.RUNNING if job.phase == "Running" else JobStatus.PENDING
+
+    def wait(self, job: PodJob, timeout: float | None) -> int | None:
+        if not job.done.wait(timeout):
+            return None
+        return job.exitcode
+
+    def start(self, manifest: dict[str, Any]) -> PodJob:
+        """Create the pod of ``manifest``; the watch reports what becomes of it."""
         name = manifest["metadata"]["name"]
         manifest["metadata"]["labels"][ENGINE_LABEL] = self.engine_id
         job = PodJob(name, self)
@@ -287,7 +326,8 @@ class Engine:
             job.terminated_by = force
         self._delete(job.name, 0 if force else int(self.cfg.get("k8s_grace_period") or 0))
 
-    def read_logs(self, job: PodJob) -> str:
+    def pod_log(self, job: PodJob) -> str:
+        """The last lines the pod's worker container printed ("" when there are none yet)."""
         try:
             text = self.core.read_namespaced_pod_log(job.name, self.namespace, container="worker",
                                                      tail_lines=TAIL_LINES)
@@ -299,7 +339,7 @@ class Engine:
         return str(text or "")
 
     def logs(self, job: PodJob) -> str:
-        text = job.logs if job.logs is not None else self.read_logs(job)
+        text = job.logs if job.logs is not None else self.pod_log(job)
         text = (text + ("\n" + job.note if job.note else "")).strip("\n")
         if not text:
             return f"(pod {job.name} has printed nothing yet; phase {job.phase})"
@@ -327,8 +367,6 @@ class Engine:
         gone (:func:`fibercore.backendkit.sessions_to_clean`)."""
         if session is not None:
             return self._cleanup_session(session)
-        from fibercore.backendkit import sessions_to_clean
-
         pods = self.core.list_namespaced_pod(self.namespace, label_selector="fiber-session").items
         jobs = [((p.metadata.labels or {}).get("fiber-session", ""), p.metadata.labels or {},
                  p.status.phase in ("Pending", "Running", "Unknown")) for p in pods]
@@ -336,14 +374,16 @@ class Engine:
 
     def _cleanup_session(self, session: str) -> int:
         selector = f"fiber-session={session}"
-        # A master (fiber run's) first, so that it cannot replace the workers deleted after it.
-        masters = self.core.list_namespaced_pod(self.namespace, label_selector=f"{selector},fiber-process=master").items
-        for pod in masters:
-            self._delete(pod.metadata.name, 0)
-        pods = self.core.list_namespaced_pod(self.namespace, label_selector=selector).items
-        for pod in pods:
-            self._delete(pod.metadata.name, 0)
-        pods += [p for p in masters if p.metadata.name not in {q.metadata.name for q in pods}]
+
+        def find() -> list[tuple[str, bool]]:
+            pods = self.core.list_namespaced_pod(self.namespace, label_selector=selector).items
+            return [(p.metadata.name, (p.metadata.labels or {}).get("fiber-process") == "master") for p in pods]
+
+        def remove(names: list[str]) -> None:
+            for name in names:
+                self._delete(name, 0)
+
+        count = clean_session(find, remove, passes=1)
         for name in self._session_secrets(session, selector):
             try:
                 self.core.delete_namespaced_secret(name, self.namespace)
@@ -359,7 +399,7 @@ class Engine:
             gone = {n for n in self.known_secrets if n == secret_name(session)}
             self.known_secrets -= gone
             self.owned_secrets -= gone
-        return len(pods)
+        return count
 
     def _session_secrets(self, session: str | None, selector: str) -> list[str]:
         """Names of the Secrets to delete: listed when this identity may list Secrets, else
@@ -375,7 +415,7 @@ class Engine:
         return [secret_name(session)] if session else []
 
     # -- operations (the fiber command, from any process) ------------------------------
-    def list_jobs(self, session: str | None) -> list[Any]:
+    def list_jobs(self, session: str | None) -> list[JobInfo]:
         """The pods of ``session`` (any fiber session when None) as JobInfo records."""
         from fibercore.types import JobInfo, JobStatus
 
@@ -400,6 +440,20 @@ class Engine:
                 host=pod.spec.node_name, image=pod.spec.containers[0].image if pod.spec.containers else None,
                 created=created.timestamp() if created else None, exitcode=code))
         return out
+
+    def read_logs(self, jid: str) -> str | None:
+        """The output of fiber pod ``jid``, from any process (None: no such pod)."""
+        if not self.is_fiber_pod(jid):
+            return None
+        return self.pod_log(PodJob(jid, self)) or f"(pod {jid} has printed nothing yet)"
+
+    def copy(self, jid: str, source: str, destination: str, into_job: bool) -> bool | None:
+        if not self.is_fiber_pod(jid):
+            return None
+        raise ConfigError(
+            "fiber cp into or out of a pod is not implemented by fiber-k8s (it needs exec and tar in the "
+            f"image): use `kubectl cp {jid}:PATH DEST`, or a volume (k8s_volumes) the pods write to"
+        )
 
     def is_fiber_pod(self, name: str) -> bool:
         try:
@@ -447,3 +501,46 @@ class Engine:
             except Exception:
                 pass
         self.owned_secrets.clear()
+
+    def doctor(self, config: ConfigView) -> list[Check]:
+        """May this identity list pods and read the session's Secret; is an image set."""
+        from fibercore.types import Check
+
+        checks = [Check(NAME, "Kubernetes API reachable", True, f"namespace {self.namespace}")]
+        for verb, call in (("list pods", lambda: self.core.list_namespaced_pod(self.namespace, limit=1)),
+                           ("read the session's secret", self._probe_secret)):
+            try:
+                call()
+                checks.append(Check(NAME, f"may {verb}", True))
+            except Exception as exc:
+                checks.append(Check(NAME, f"may {verb}", False, str(getattr(exc, "reason", exc)),
+                                    "apply rbac.yaml (Role pods, pods/log, secrets) to this user or service account"))
+        image = config.get("image") or config.get("default_image")
+        checks.append(Check(NAME, "worker image set", bool(image), image or "no image",
+                            "set image=REGISTRY/NAME:TAG (FIBER_IMAGE), or use `fiber run --build --push REGISTRY`"))
+        return checks
+
+    def _probe_secret(self) -> None:
+        """A get of a Secret by name (the Role has no "list"): 404 means allowed."""
+        try:
+            self.core.read_namespaced_secret("fibercore-doctor-probe", self.namespace)
+        except Exception as exc:
+            if getattr(exc, "status", None) != 404:
+                raise
+
+
+def own_pod_name(config: ConfigView) -> str | None:
+    """The pod this process runs in, if any (the owner of the pods it creates)."""
+    return (config.get("k8s_owner_pod") or os.environ.get("FIBERCORE_K8S_POD_NAME")
+            or (os.environ.get("HOSTNAME") if in_cluster() else None))
+
+
+def listen_host(config: ConfigView) -> str:
+    """The address pods reach this process at: its pod IP in the cluster, else the address
+    that routes outward (a master outside the cluster; see the README)."""
+    if os.environ.get("FIBERCORE_K8S_POD_IP") or os.environ.get("FIBERCORE_K8S_POD_NAME"):  # a pod fibercore started
+        return str(config.get("k8s_job_listen_host") or os.environ.get("FIBERCORE_K8S_POD_IP")
+                   or socket.gethostbyname(socket.gethostname()))
+    if in_cluster():  # a master in a pod: its pod IP
+        return socket.gethostbyname(socket.gethostname())
+    return outward_address()

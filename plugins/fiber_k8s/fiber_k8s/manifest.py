@@ -12,9 +12,12 @@ import json
 import os
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fibercore import backendkit
+
+if TYPE_CHECKING:
+    from fibercore.types import ConfigView
 
 SECRET_KEY = "FIBER_SECRET"
 WORKER_CONTAINER = "worker"
@@ -146,7 +149,7 @@ def merge_patch(target: Any, patch: Any) -> Any:
 
 def pod_manifest(
     spec: Any,
-    cfg: Mapping[str, Any],
+    cfg: ConfigView,
     *,
     name: str,
     namespace: str,

@@ -52,11 +52,9 @@ def core(kubeconfig: Path) -> Iterator[Any]:
 
     api = client.CoreV1Api(config.new_client_from_config(config_file=str(kubeconfig)))
     yield api
-    import fiber_k8s.plugin
+    from fiber_k8s.plugin import plugin
 
-    fiber_k8s.plugin._at_exit()  # what the master does at exit: its Secrets go
-    fiber_k8s.plugin._engine = None
-    fiber_k8s.plugin._retired.clear()
+    plugin.close()  # what the master does at exit: its Secrets go
     selector = RUN_LABEL
     deadline = time.monotonic() + 30
     while True:

@@ -97,8 +97,9 @@ def test_terminate_and_logs(k8s: Any) -> None:
 
 def test_detected_inside_a_pod(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
     import fiber_k8s.engine
-    from fiber_k8s.plugin import fiber_detect_backend
+    from fiber_k8s.plugin import plugin
 
+    fiber_detect_backend = plugin.fiber_detect_backend
     assert fiber_detect_backend() is None or os.environ.get("KUBERNETES_SERVICE_HOST")
     (tmp_path / "token").write_text("t")
     monkeypatch.setattr(fiber_k8s.engine, "SA_DIR", str(tmp_path))

@@ -7,18 +7,26 @@ credentials (munge); slurmrestd needs JWT set-up that many sites do not enable.
 
 from __future__ import annotations
 
+import math
 import os
 import re
-import secrets
 import shlex
+import shutil
 import stat
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from fibercore.backendkit import MASTER_LABEL, PROCESS_LABEL, SecretFiles, clean_session, sessions_to_clean
 from fibercore.errors import ProcessError
+
+if TYPE_CHECKING:
+    from fibercore.types import Check, ConfigView, Job, JobInfo, JobSpec, JobStatus
+
+NAME = "slurm"
 
 ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING", "SIGNALING",
           "STAGE_OUT", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "STOPPED"}
@@ -93,8 +101,25 @@ def exit_code_of(text: str, terminated: bool | None, state: str) -> int:
     return code if state != "CANCELLED" or code else -15
 
 
+def sbatch_options(spec: JobSpec, config: ConfigView) -> list[str]:
+    """Resources and site options as sbatch arguments."""
+    out = []
+    if spec.cpu:
+        out.append(f"--cpus-per-task={max(1, math.ceil(spec.cpu))}")
+    if spec.memory:
+        out.append(f"--mem={int(spec.memory)}M")
+    if spec.gpu:
+        out.append(f"--gres=gpu:{int(spec.gpu)}")
+    for key, flag in (("slurm_partition", "--partition"), ("slurm_account", "--account"),
+                      ("slurm_qos", "--qos"), ("slurm_time", "--time")):
+        if config.get(key):
+            out.append(f"{flag}={config.get(key)}")
+    out += shlex.split(config.get("slurm_extra") or "")
+    return out
+
+
 class Engine:
-    """One per process: submits, polls all jobs in one squeue call, cancels."""
+    """One per configuration: submits, polls all jobs in one squeue call, cancels."""
 
     def __init__(self, cfg: Any) -> None:
         self.cfg = cfg
@@ -103,21 +128,37 @@ class Engine:
         self.wake = threading.Event()
         self.closing = False
         self.spool = private_spool(cfg.get("slurm_spool_dir"))
-        self.secret_files: dict[str, str] = {}
+        self.secrets = SecretFiles(self.spool)
         threading.Thread(target=self._poll, name="fiber-slurm-poll", daemon=True).start()
 
     # -- submit ---------------------------------------------------------------------------
-    def secret_file(self, session: str, secret_hex: str) -> str:
-        """A 0600 file on the shared spool holding the session secret (never on a command line)."""
-        with self.lock:
-            path = self.secret_files.get(session)
-            if path is None:
-                path = os.path.join(self.spool, f"secret-{session}-{secrets.token_hex(4)}")
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-                with os.fdopen(fd, "w") as fh:
-                    fh.write(secret_hex)
-                self.secret_files[session] = path
-        return path
+    def create(self, spec: JobSpec, config: ConfigView) -> Job:
+        """``sbatch`` a two-line script that execs the worker; its environment is exported by
+        sbatch itself (never on a command line), the session secret is a 0600 file."""
+        from fibercore.types import Job
+
+        # Not this process's own allocation (SLURM_JOB_ID...), but the client's configuration.
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") or k == "SLURM_CONF"}
+        env.update(spec.env)
+        secret_hex = spec.secret_env.get("FIBER_SECRET")
+        if secret_hex:
+            env["FIBER_SECRET_FILE"] = self.secrets.path(spec.session, secret_hex)
+        env.pop("FIBER_SECRET", None)
+        argv = spec.argv(sys.executable)
+        name = f"fiber-{spec.session}-{spec.name}"
+        options = sbatch_options(spec, config)
+        master = spec.labels.get(MASTER_LABEL)
+        if master:  # who started it, for fiber cleanup (squeue shows a job's comment); first, so
+            options.insert(0, f"--comment={master}")  # that a --comment in slurm_extra wins
+        job = self.submit(name, argv, env, options, spec.cwd)
+        return Job(jid=job.job_id, backend=NAME, data=job, spec=spec, command=argv)
+
+    def status(self, job: SlurmJob) -> JobStatus:
+        from fibercore.types import JobStatus
+
+        if job.done.is_set():
+            return JobStatus.EXITED
+        return JobStatus.RUNNING if job.state == "RUNNING" else JobStatus.PENDING
 
     def submit(self, name: str, argv: list[str], env: dict[str, str], options: list[str], cwd: str | None) -> SlurmJob:
         output = os.path.join(self.spool, f"{name}-%j.out")
@@ -177,7 +218,7 @@ class Engine:
             return None
         return job.exitcode
 
-    def cancel(self, job: SlurmJob, force: bool) -> None:
+    def terminate(self, job: SlurmJob, force: bool) -> None:
         if job.done.is_set():
             return
         if job.terminated is None or force:
@@ -189,7 +230,7 @@ class Engine:
             pass  # finished meanwhile
         if not force:  # SIGTERM, then Slurm's own cancel after a grace, as docker stop does
             grace = float(self.cfg.get("slurm_kill_after") or 10)
-            timer = threading.Timer(grace, lambda: None if job.done.is_set() else self.cancel(job, True))
+            timer = threading.Timer(grace, lambda: None if job.done.is_set() else self.terminate(job, True))
             timer.daemon = True  # the master's exit (close() cancels every job) must not wait for it
             timer.start()
         self.wake.set()
@@ -243,7 +284,7 @@ class Engine:
             return {}
         return dict(re.findall(r"(\w+)=(\S*)", text))
 
-    def list_jobs(self, session: str | None) -> list[Any]:
+    def list_jobs(self, session: str | None) -> list[JobInfo]:
         """The jobs of ``session`` (any fiber session when None) as JobInfo records."""
         from fibercore.types import JobInfo, JobStatus
 
@@ -263,6 +304,8 @@ class Engine:
 
     def read_logs(self, job_id: str) -> str | None:
         """The output of fiber job ``job_id`` from any process (None: not a fiber job)."""
+        if not job_id.isdigit():
+            return None
         info = self.show(job_id)
         if not info.get("JobName", "").startswith("fiber-"):
             return None
@@ -279,8 +322,6 @@ class Engine:
         (:func:`fibercore.backendkit.sessions_to_clean`; a job's comment names its master)."""
         if session is not None:
             return self._cleanup_session(session)
-        from fibercore.backendkit import MASTER_LABEL, PROCESS_LABEL, sessions_to_clean
-
         jobs = [(name.split("-")[1], {MASTER_LABEL: comment if comment != "(null)" else "",
                                       PROCESS_LABEL: "master" if name.endswith("-master") else ""},
                  state in ACTIVE)
@@ -288,28 +329,24 @@ class Engine:
         return sum(self._cleanup_session(s) for s in sessions_to_clean(jobs))
 
     def _cleanup_session(self, session: str) -> int:
+        """Cancel the active jobs of ``session`` (its master first) and remove its secret files."""
         prefix = f"fiber-{session}-"
-        found = self.list_named(prefix)
-        # A session's master first (fiber run), so that it cannot start replacements meanwhile.
-        masters = [job_id for job_id, name, state, _ in found if name.endswith("-master") and state in ACTIVE]
-        if masters:
-            run(["scancel", *masters])
-        active = [job_id for job_id, _, state, _ in self.list_named(prefix) if state in ACTIVE]
-        if active:
-            run(["scancel", *active])
-        live = {name.split("-")[1] for _, name, state, _ in found if state in ACTIVE}
-        self._forget_secrets(session, live)
-        return len(active)
 
-    def _forget_secrets(self, session: str | None, live: set[str]) -> None:
-        """Remove the secret files a master that died without closing left in the spool
-        (of ``session``; when None, of every session not in ``live``, those with jobs in Slurm)."""
-        mine = set(self.secret_files)
+        def find() -> list[tuple[str, bool]]:
+            return [(job_id, name.endswith("-master")) for job_id, name, state, _ in self.list_named(prefix)
+                    if state in ACTIVE]
+
+        count = clean_session(find, lambda ids: run(["scancel", *ids]), passes=1)
+        self._forget_secrets(session)
+        return count
+
+    def _forget_secrets(self, session: str) -> None:
+        """Remove the secret files of ``session`` that a master which died without closing left
+        in the spool (this engine's own stay until :meth:`close`)."""
+        if session in self.secrets.sessions:
+            return
         for entry in os.listdir(self.spool):
-            if not entry.startswith("secret-"):
-                continue
-            owner = entry.split("-")[1]
-            if owner not in mine and (owner == session or (session is None and owner not in live)):
+            if SecretFiles.session_of(entry) == session:
                 try:
                     os.unlink(os.path.join(self.spool, entry))
                 except OSError:
@@ -324,9 +361,39 @@ class Engine:
                 run(["scancel", *[j.job_id for j in jobs]])
             except SlurmError:
                 pass
-        for path in self.secret_files.values():
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
-        self.secret_files.clear()
+        self.secrets.close()
+
+
+def doctor(config: ConfigView) -> list[Check]:
+    """The client commands, the controller and a partition, the spool directory."""
+    from fibercore.types import Check
+
+    checks = []
+    try:
+        version = run(["sbatch", "--version"], timeout=10).strip()
+        checks.append(Check(NAME, "Slurm client commands", True, version))
+    except SlurmError as exc:
+        detail = str(exc).strip().splitlines()[-1]  # the command's last word (sbatch: fatal: ...)
+        if shutil.which("sbatch") is None:
+            fix = "install Slurm's client commands (apt-get install slurm-client) or load the site's slurm module"
+        else:
+            fix = ("sbatch is installed but finds no cluster: set SLURM_CONF to the cluster's slurm.conf, "
+                   "or run on a node of the cluster (a login node)")
+        return [Check(NAME, "Slurm client commands", False, detail, fix)]
+    try:
+        parts = run(["sinfo", "-h", "-o", "%P|%a|%D|%T"], timeout=10).split()
+        usable = [p for p in parts if p.split("|")[1] == "up" and p.split("|")[3] not in ("down", "drained")]
+        checks.append(Check(NAME, "slurmctld answers and a partition is up", bool(usable), " ".join(parts),
+                            "ask the cluster's admins: no partition is up with usable nodes"))
+    except SlurmError as exc:
+        checks.append(Check(NAME, "slurmctld answers and a partition is up", False, str(exc),
+                            "check SLURM_CONF and that slurmctld runs (scontrol ping)"))
+    spool = config.get("slurm_spool_dir") or "~/.fibercore/slurm"
+    try:
+        spool = private_spool(spool)
+        ok = os.access(spool, os.W_OK)
+    except (OSError, SlurmError):
+        ok = False
+    checks.append(Check(NAME, "spool directory writable", ok, spool,
+                        "set slurm_spool_dir to a directory on a file system every node mounts"))
+    return checks

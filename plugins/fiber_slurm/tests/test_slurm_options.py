@@ -6,7 +6,7 @@ import subprocess
 from typing import Any
 
 import pytest
-from fiber_slurm.plugin import sbatch_options
+from fiber_slurm.engine import sbatch_options
 
 import fibercore as fc
 from fibercore.testing.targets import sleep_for

@@ -14,8 +14,10 @@ yet is placed again on another host.
 from __future__ import annotations
 
 import collections
+import itertools
 import json
 import logging
+import math
 import os
 import shlex
 import shutil
@@ -26,11 +28,18 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fiber_ssh.hosts import Host, hosts_from_config
 from fiber_ssh.remote import LAUNCHER, TOOL
+from fibercore.backendkit import MASTER_LABEL, PROCESS_LABEL, sessions_to_clean
 from fibercore.errors import ConfigError, ProcessError
+
+if TYPE_CHECKING:
+    from fibercore.types import Check, ConfigView, Job, JobInfo, JobSpec, JobStatus
+
+NAME = "ssh"
+_numbers = itertools.count(1)  # job ids: SESSION.N
 
 log = logging.getLogger("fiber_ssh")
 LOG_KEEP = 64 * 1024
@@ -72,7 +81,7 @@ class SshJob:
 
 
 class Engine:
-    """One per process: the hosts, the jobs waiting for a slot, the running sessions."""
+    """One per configuration: the hosts, the jobs waiting for a slot, the running sessions."""
 
     def __init__(self, cfg: Any) -> None:
         self.cfg = cfg
@@ -278,15 +287,35 @@ class Engine:
             self._place()
 
     # -- the hook operations --------------------------------------------------------------------
-    def status(self, job: SshJob) -> str:
+    def create(self, spec: JobSpec, config: ConfigView) -> Job:
+        """Queue the job for the host with the most free slots; the secret goes over the ssh
+        session's stdin, never on a command line."""
+        from fibercore.types import Job
+
+        if spec.labels.get("fiber-detached") == "true":
+            raise ConfigError("fiber run --detach cannot work on ssh: a job ends with the ssh session of the "
+                              "command that started it. Run without --detach inside tmux, screen or nohup")
+        jid = f"{spec.session}.{next(_numbers)}"
+        # No cwd (a master from `fiber run`): the creator's, as hosts usually share the file system;
+        # the launcher falls back to the home directory where the path does not exist.
+        request = {"jid": jid, "name": spec.name, "args": list(spec.args), "env": dict(spec.env),
+                   "cwd": spec.cwd or os.getcwd(),
+                   "secret": spec.secret_env.get("FIBER_SECRET", ""), "master": spec.labels.get(MASTER_LABEL, "")}
+        slots = max(1, math.ceil(spec.cpu or 1))
+        job = self.submit(jid, spec.name, request, slots, spec.python)
+        return Job(jid=jid, backend=NAME, data=job, spec=spec, command=["ssh", "HOST", *spec.argv("python")])
+
+    def status(self, job: SshJob) -> JobStatus:
+        from fibercore.types import JobStatus
+
         if job.done.is_set():
-            return "exited"
-        return "running" if job.started.is_set() else "pending"
+            return JobStatus.EXITED
+        return JobStatus.RUNNING if job.started.is_set() else JobStatus.PENDING
 
     def wait(self, job: SshJob, timeout: float | None) -> int | None:
         return job.exitcode if job.done.wait(timeout) else None
 
-    def signal(self, job: SshJob, force: bool) -> None:
+    def terminate(self, job: SshJob, force: bool) -> None:
         """SIGTERM/SIGKILL to the job's process group; a job still waiting for a slot just ends."""
         with self.lock:
             if job.done.is_set():
@@ -357,7 +386,7 @@ class Engine:
             t.join()
         return answers
 
-    def list_jobs(self, session: str | None) -> list[Any]:
+    def list_jobs(self, session: str | None) -> list[JobInfo]:
         from fibercore.types import JobInfo, JobStatus
 
         out = []
@@ -372,8 +401,6 @@ class Engine:
         gone (:func:`fibercore.backendkit.sessions_to_clean`; a job's environment names it)."""
         if session is not None:
             return self._stop(session)
-        from fibercore.backendkit import MASTER_LABEL, PROCESS_LABEL, sessions_to_clean
-
         jobs = [(jid.split(".", 1)[0], {MASTER_LABEL: rest[0] if rest else "", PROCESS_LABEL: name}, True)
                 for _, found in self.each_host({"kind": "list", "prefix": ""})
                 for _pid, jid, name, *rest in found]
@@ -381,3 +408,34 @@ class Engine:
 
     def _stop(self, session: str) -> int:
         return sum(int(n) for _, n in self.each_host({"kind": "stop", "prefix": f"{session}."}))
+
+    def read_logs(self, jid: str) -> str | None:
+        """The output of one of this master's jobs; a job of another master streams to that
+        master's terminal (nothing is kept on the hosts)."""
+        session, dot, number = jid.partition(".")
+        if not (dot and number.isdigit()):
+            return None
+        job = self.jobs.get(jid)
+        if job is not None:
+            return self.logs(job)
+        raise ConfigError(f"the output of ssh job {jid} streams to the terminal of its master (fiber-ssh keeps "
+                          "no log files on the hosts); read it there, or redirect the program's output")
+
+    def doctor(self, config: ConfigView) -> list[Check]:
+        """Each host: reachable with keys, and its Python has fibercore."""
+        from fibercore.types import Check
+
+        checks = []
+        for host in self.hosts:
+            try:
+                info = self.tool(host, {"kind": "info"}, timeout=10)
+            except SshError as exc:
+                checks.append(Check(NAME, f"{host.name} reachable with keys (BatchMode)", False, str(exc),
+                                    "check ssh -o BatchMode=yes HOST true works (key, known_hosts, port)"))
+                continue
+            checks.append(Check(NAME, f"{host.name} runs Python with fibercore", bool(info.get("fibercore")),
+                                f"Python {info.get('python')}, fibercore {info.get('fibercore')}, "
+                                f"{info.get('cpus')} CPUs, {host.slots} slots",
+                                "install fibercore on the host, or set python= for it in ssh_hostfile (or "
+                                "ssh_python)"))
+        return checks
