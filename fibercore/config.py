@@ -21,7 +21,7 @@ import logging
 import os
 import sys
 import warnings
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -266,13 +266,16 @@ def unknown_variable_message(name: str, options: Mapping[str, Option]) -> str:
     return f"fibercore: ignoring {name}: no config key of that name (`fiber config --all` lists them)"
 
 
+#: The running program's effective configuration, and its plugins' options (None before it
+#: has one). Set by :mod:`fibercore.runtime`, which builds both: this module never imports it.
+effective: Callable[[], Config] | None = None
+plugin_options: Callable[[], list[Option]] = list
+
+
 def _from_file(conf_file: str | os.PathLike[str] | None) -> Config:
     """The original fiber's ``Config(conf_file)``: defaults < that file < ``FIBER_*``."""
-    from fibercore import runtime
-
-    options: list[Option] = list(CORE_OPTIONS)
-    if runtime._runtime is not None:  # the running backend's keys too (kubernetes_namespace...)
-        options += runtime._runtime.plugins.config_options()
+    # the running backend's keys too (kubernetes_namespace...)
+    options: list[Option] = list(CORE_OPTIONS) + plugin_options()
     if conf_file is None:
         file_values, file_name = read_file_values()
     else:
@@ -434,11 +437,15 @@ def build_config(
 
 
 # -- uber/fiber compatibility: ``fiber.config.<key>`` and ``fiber.config.get_dict()`` -------------
+def _effective() -> Config:
+    if effective is None:  # `import fibercore` imports fibercore.runtime, which sets it
+        raise RuntimeError("fibercore.config is used before fibercore.runtime was imported: import fibercore")
+    return effective()
+
+
 def get_dict() -> dict[str, Any]:
     """The effective configuration as a plain dict (the original fiber's ``config.get_dict()``)."""
-    from fibercore.runtime import get_runtime
-
-    return dict(get_runtime().config)
+    return dict(_effective())
 
 
 def __getattr__(name: str) -> Any:
@@ -446,9 +453,7 @@ def __getattr__(name: str) -> Any:
     original fiber kept its values as attributes of ``fiber.config`` (read after ``init()``)."""
     if name.startswith("__"):
         raise AttributeError(name)
-    from fibercore.runtime import get_runtime
-
-    config = get_runtime().config
+    config = _effective()
     if name in config:
         return config[name]
     raise AttributeError(unknown_key_message(name, config.options))

@@ -622,19 +622,38 @@ def Pipe(duplex: bool = True) -> tuple[Connection, Connection]:
 
 
 def wait(object_list: list[Any], timeout: float | None = None) -> list[Any]:
-    """Like ``multiprocessing.connection.wait``: the ready ones among connections and fds."""
-    import select
+    """Like ``multiprocessing.connection.wait``: the ready ones among connections, sockets and
+    descriptors (anything with ``fileno()``, or an int), waiting up to ``timeout`` (None:
+    forever) without using the CPU. A connection waits through the descriptor its
+    ``fileno()`` gives (readable while a message or the end of the pipe waits)."""
+    import selectors
 
+    ready = [o for o in object_list if isinstance(o, Connection) and o.poll(0)]
+    if ready:  # what is there already, without a thread or a system call
+        return ready + _ready_now([o for o in object_list if not isinstance(o, Connection)])
     deadline = None if timeout is None else time.monotonic() + timeout
-    while True:
-        ready = [o for o in object_list if isinstance(o, Connection) and o.poll(0)]
-        fds = [o for o in object_list if not isinstance(o, Connection)]
-        if fds:
-            r, _, _ = select.select(fds, [], [], 0)
-            ready += r
-        if ready or (deadline is not None and time.monotonic() >= deadline):
-            return ready
-        time.sleep(0.001)
+    with selectors.DefaultSelector() as selector:
+        for obj in object_list:
+            selector.register(obj.fileno() if isinstance(obj, Connection) else obj, selectors.EVENT_READ, obj)
+        while True:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            found = [key.data for key, _ in selector.select(remaining)]
+            # A connection's descriptor may lag its inbox (a message taken meanwhile): ask it.
+            ready = [o for o in found if not isinstance(o, Connection) or o.poll(0)]
+            if ready or (deadline is not None and time.monotonic() >= deadline):
+                return ready
+
+
+def _ready_now(objects: list[Any]) -> list[Any]:
+    """The descriptors among ``objects`` that are readable now (no waiting)."""
+    import selectors
+
+    if not objects:
+        return []
+    with selectors.DefaultSelector() as selector:
+        for obj in objects:
+            selector.register(obj, selectors.EVENT_READ, obj)
+        return [key.data for key, _ in selector.select(0)]
 
 
 #: Seconds the exit handler spends, in all, delivering what open pipes still hold.

@@ -18,6 +18,7 @@ from typing import Any
 from fibercore import config as _config
 from fibercore.errors import ConfigError
 from fibercore.plugins import Plugins, check_contract, detect_backend, redact
+from fibercore.types import Option
 from fibercore.util import install_excepthook, truthy_env
 from fibercore.wire import Authenticator, Channel, Limits
 
@@ -298,6 +299,16 @@ def get_runtime() -> Runtime:
                 _runtime = build()
             rt = _runtime
     return rt
+
+
+def _plugin_options() -> list[Option]:
+    """The running backend's and plugins' config options (none before the program has a runtime)."""
+    return _runtime.plugins.config_options() if _runtime is not None else []
+
+
+# config.py reads the effective configuration through these; it never imports this module.
+_config.effective = lambda: get_runtime().config
+_config.plugin_options = _plugin_options
 
 
 def init(**kwargs: Any) -> _config.Config:

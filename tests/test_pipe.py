@@ -130,6 +130,58 @@ def test_connection_wait():
     assert wait([b, d], timeout=5) == [b]
 
 
+def test_wait_sleeps_on_children_sockets_and_sentinels_and_wakes_for_each():
+    """wait() as multiprocessing's: connections whose other end is in a job, a socket and a
+    process sentinel in one call; it uses no CPU while nothing is ready, wakes within a few
+    milliseconds of a message, and returns every ready object."""
+    import resource
+    import socket
+
+    from fibercore.connection import wait
+    from tests.helpers import pipe_send_sleep_send
+
+    ends, procs = [], []
+    for i in range(3):
+        a, b = mp.Pipe()
+        p = mp.Process(target=pipe_send_sleep_send, args=(b, ("hello", i), 0.6 + 0.3 * i, ("bye", i)))
+        p.start()
+        b.close()
+        ends.append(a)
+        procs.append(p)
+    for a in ends:
+        assert a.recv()[0] == "hello"
+    s1, s2 = socket.socketpair()
+    try:
+        cpu0 = resource.getrusage(resource.RUSAGE_SELF)
+        t0 = time.monotonic()
+        ready = wait([*ends, s1], timeout=30)
+        waited = time.monotonic() - t0
+        cpu = resource.getrusage(resource.RUSAGE_SELF)
+        assert ready == [ends[0]] and 0.3 < waited < 5, (ready, waited)
+        used = (cpu.ru_utime - cpu0.ru_utime) + (cpu.ru_stime - cpu0.ru_stime)
+        assert used < 0.03 * waited + 0.02, f"wait() used {used:.3f} s of CPU in {waited:.2f} s"
+        assert ends[0].recv() == ("bye", 0)
+        s2.send(b"x")
+        assert set(wait([*ends, s1], timeout=30)) >= {s1}
+        assert wait([ends[1], ends[2]], timeout=30)
+        sentinels = {p.sentinel for p in procs}
+        for p in procs:
+            p.join(30)
+        seen: set[int] = set()
+        deadline = time.monotonic() + 5
+        while seen != sentinels and time.monotonic() < deadline:
+            seen.update(wait(list(sentinels - seen), timeout=5))
+        assert seen == sentinels
+        assert wait([ends[0]], timeout=5) == [ends[0]]  # at the end of the pipe: readable
+        with pytest.raises(EOFError):
+            ends[0].recv()
+        t0 = time.monotonic()
+        assert wait([s2], timeout=0.2) == [] and time.monotonic() - t0 >= 0.19
+    finally:
+        s1.close()
+        s2.close()
+
+
 _SPIN_SCRIPT = """
 import time
 import fibercore as mp

@@ -154,7 +154,7 @@ def test_a_writer_beyond_the_byte_budget_is_held_back_and_nothing_is_lost():
     mp.init(queue_max_bytes=budget)
     try:
         q = mp.Queue()
-        broker = queues._brokers[q._qid]
+        broker = queues.broker.brokers[q._qid]
         p = mp.Process(target=put_megabytes, args=(q, 48))
         p.start()
         peak = 0

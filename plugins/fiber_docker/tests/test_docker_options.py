@@ -205,8 +205,8 @@ def test_missing_image_says_how_to_build_it(docker_backend: Any) -> None:
 
 
 def test_unreachable_daemon_says_what_to_do(docker_config: dict[str, Any], tmp_path: Any) -> None:
-    import fiber_docker.plugin as plugin
     from fiber_docker.engine import Engine
+    from fiber_docker.plugin import plugin
 
     with pytest.raises(Exception) as info:
         Engine(f"unix://{tmp_path}/no-docker.sock")

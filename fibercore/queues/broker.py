@@ -1,0 +1,402 @@
+"""A queue's broker: its items, in the process that created the queue.
+
+Two threads: one receives what clients send (and answers at once when no reply is being
+sent), one sends the replies the receiving thread left (grants, RECALLs, acknowledgements).
+The creator's own ``put``/``get`` reach the broker directly (:meth:`Broker.put_local`,
+:meth:`Broker.get_local`), with no network. The rules (leases, grants, recalls, the byte
+budget) are in :mod:`fibercore.queues`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Hashable
+from typing import Any
+
+from fibercore.errors import TransportClosed, TransportTimeout
+from fibercore.queues.protocol import (
+    CANCEL,
+    CANCELLED,
+    EMPTY,
+    GET,
+    GRANT_BYTES,
+    ITEM,
+    JOIN,
+    JOINED,
+    MAX_GRANT,
+    PUT,
+    PUTACK,
+    PUTSYNC,
+    RECALL,
+    RETURN,
+    SIZE,
+    SIZEIS,
+    TASKDONE,
+    Empty,
+    Full,
+    item_bytes,
+    read_u64,
+    u64,
+)
+from fibercore.runtime import get_runtime
+from fibercore.wire import malformed
+
+#: The brokers of the queues this process created, by queue id.
+brokers: dict[str, Broker] = {}
+
+
+class Reader:
+    __slots__ = ("leased", "acked", "recalled")
+
+    def __init__(self) -> None:
+        self.leased: deque[list[Any]] = deque()
+        self.acked = 0
+        self.recalled = False
+
+
+class Broker:
+    """The queue's state, in the creating process."""
+
+    def __init__(self, qid: str, maxsize: int) -> None:
+        rt = get_runtime()
+        self.qid = qid
+        self.maxsize = maxsize
+        self.cv = threading.Condition(threading.Lock())
+        self.items: deque[list[Any]] = deque()
+        self.unfinished = 0
+        self.readers: dict[Hashable, Reader] = {}
+        self.waiting: deque[tuple[Hashable, int, bool]] = deque()
+        self.local_getters = 0
+        self.pending_puts: deque[tuple[Hashable, bytes, list[Any]]] = deque()
+        self.join_waiters: list[tuple[Hashable, bytes]] = []
+        self.outbox: list[tuple[Hashable, list[Any]]] = []
+        # Bytes of items held here (queued or leased to a reader that has not acknowledged
+        # them); above the budget, remote writers are paused and local puts block.
+        self.held = 0
+        self.budget = int(rt.config.get("queue_max_bytes"))
+        self.paused: set[Hashable] = set()
+        self.channel = rt.listen("router", service="queue")
+        self.address = self.channel.address
+        self.channel.on_peer_event(self._peer_event)
+        self.closed = False
+        self.peers = 0
+        self.departed: deque[tuple[Hashable, float]] = deque()
+        self.sending = False  # a thread sends replies (one at a time, in the order they were made)
+        self._ready: tuple[int, int] | None = None  # a pipe readable while items wait (ready_fd)
+        self._ready_set = False
+        threading.Thread(target=self._receive, name=f"fiber-queue-{qid[:8]}-in", daemon=True).start()
+        threading.Thread(target=self._dispatch, name=f"fiber-queue-{qid[:8]}-out", daemon=True).start()
+
+    # -- helpers (cv held) ------------------------------------------------------------------
+    def _grant(self, want: int) -> int:
+        readers = max(1, len(self.readers) + self.local_getters)
+        share = math.ceil(len(self.items) / (2 * readers))
+        return max(1, min(want, share, MAX_GRANT))
+
+    def _leased_count(self) -> int:
+        return sum(len(r.leased) for r in self.readers.values())
+
+    def _room(self) -> bool:
+        return self.maxsize <= 0 or len(self.items) + self._leased_count() < self.maxsize
+
+    def _append(self, parts: list[Any]) -> None:
+        self.items.append(parts)
+        self.held += item_bytes(parts)
+        self.unfinished += 1
+        if self._ready is not None:
+            self._sync_ready()
+
+    def _released(self, parts: list[Any]) -> None:
+        """An item left this process for good: below half the budget, paused writers resume."""
+        self.held -= item_bytes(parts)
+        if self.paused and self.held <= self.budget // 2:
+            for peer in self.paused:
+                self.channel.resume(peer)
+            self.paused.clear()
+
+    def _ack(self, reader: Reader, consumed_total: int) -> None:
+        for _ in range(consumed_total - reader.acked):
+            if reader.leased:
+                self._released(reader.leased.popleft())
+        reader.acked = max(reader.acked, consumed_total)
+
+    def _admit_puts(self) -> None:
+        while self.pending_puts and self._room():
+            peer, req, parts = self.pending_puts.popleft()
+            self._append(parts)
+            self.outbox.append((peer, [(PUTACK, [req])]))
+
+    def _recall(self, exclude: Hashable | None) -> None:
+        for peer, reader in self.readers.items():
+            if peer is not exclude and not reader.recalled and len(reader.leased) > 0:
+                reader.recalled = True
+                self.outbox.append((peer, [(RECALL, [])]))
+
+    def _changed(self) -> None:
+        self._sync_ready()
+        self.cv.notify_all()
+
+    def ready_fd(self) -> int:
+        """A descriptor that is readable while items wait here (``multiprocessing.connection.wait``
+        on ``Queue._reader``, as ``concurrent.futures`` does on its result queue)."""
+        with self.cv:
+            if self._ready is None:
+                r, w = os.pipe()
+                os.set_blocking(r, False)
+                self._ready, self._ready_set = (r, w), False
+                self._sync_ready()
+            return self._ready[0]
+
+    def _sync_ready(self) -> None:
+        """Keep the ready descriptor's level equal to "items are here" (cv held)."""
+        if self._ready is None or bool(self.items) == self._ready_set:
+            return
+        if self.items:
+            os.write(self._ready[1], b"x")
+        else:
+            try:
+                os.read(self._ready[0], 1)
+            except BlockingIOError:
+                pass
+        self._ready_set = bool(self.items)
+
+    # -- local operations (the creating process) --------------------------------------------
+    def put_local(self, parts: list[Any], block: bool, timeout: float | None) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self.cv:
+            while not self._room() or self.held >= self.budget:
+                if not block:
+                    raise Full
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise Full
+                self.cv.wait(remaining)
+            self._append(parts)
+            sends: list[tuple[Hashable, list[Any]]] = []
+            if self.waiting or self.local_getters:  # wake only who waits for an item
+                # A remote reader waits: answer it from this thread (as the receive thread
+                # does), not through a hand-off to the dispatch thread.
+                sends = self._sends_for_this_thread() if self.waiting else []
+                self._changed()
+        if sends:
+            self._send_replies(sends, block=False)
+
+    def get_local(self, block: bool, timeout: float | None) -> list[Any]:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self.cv:
+            if not self.items:
+                if not block:
+                    raise Empty
+                self.local_getters += 1
+                try:
+                    while not self.items:
+                        self._recall(None)
+                        self._changed()
+                        remaining = None if deadline is None else deadline - time.monotonic()
+                        if remaining is not None and remaining <= 0:
+                            raise Empty
+                        self.cv.wait(remaining)
+                finally:
+                    self.local_getters -= 1
+            parts = self.items.popleft()
+            self._released(parts)
+            self._admit_puts()
+            self._changed()
+            return parts
+
+    def task_done_local(self, n: int = 1) -> None:
+        with self.cv:
+            self._task_done(n)
+
+    def _task_done(self, n: int) -> None:
+        self.unfinished = max(0, self.unfinished - n)
+        if self.unfinished == 0:
+            for peer, req in self.join_waiters:
+                self.outbox.append((peer, [(JOINED, [req])]))
+            self.join_waiters.clear()
+        self._changed()
+
+    def join_local(self) -> None:
+        with self.cv:
+            while self.unfinished:
+                self.cv.wait()
+
+    def qsize_local(self) -> int:
+        with self.cv:
+            return len(self.items) + self._leased_count()
+
+    # -- network -----------------------------------------------------------------------------
+    def _peer_event(self, peer: Hashable, added: bool) -> None:
+        with self.cv:
+            self.peers += 1 if added else -1
+            if not added:
+                # Frames the peer sent before leaving may still be queued in the
+                # transport: settle its leases a little later, in the receive thread.
+                self.departed.append((peer, time.monotonic()))
+
+    def _settle_departed(self) -> None:
+        now = time.monotonic()
+        while self.departed and now - self.departed[0][1] > 0.3:
+            peer, _ = self.departed.popleft()
+            self._forget_peer(peer)
+
+    def _forget_peer(self, peer: Hashable) -> None:
+        with self.cv:
+            reader = self.readers.pop(peer, None)
+            if reader is not None:
+                self.items.extendleft(reversed(reader.leased))
+            self.waiting = deque(w for w in self.waiting if w[0] is not peer)
+            self.pending_puts = deque(p for p in self.pending_puts if p[0] is not peer)
+            self.join_waiters = [j for j in self.join_waiters if j[0] is not peer]
+            self._changed()
+
+    def _receive(self) -> None:
+        while True:
+            if self.departed:
+                self._settle_departed()
+            try:
+                messages, peer = self.channel.recv(timeout=0.25)
+            except TransportTimeout:
+                if self.closed and self.peers <= 0 and not self.departed:
+                    self.channel.close()
+                    return
+                continue
+            except TransportClosed:
+                return
+            with self.cv:
+                for op, parts in messages:
+                    try:
+                        self._handle(op, parts, peer)
+                    except Exception as exc:  # authentic but malformed: counted and skipped
+                        malformed(self.address, peer, op, exc)
+                if self.held > self.budget and peer not in self.paused and any(op == PUT for op, _ in messages):
+                    # A writer beyond the byte budget: stop reading its connection (its puts
+                    # then block, as on a full queue) until readers take items out.
+                    self.paused.add(peer)
+                    self.channel.pause(peer)
+                # Answer at once from this thread when no other is sending (a hand-off to
+                # the dispatch thread costs a GIL switch, up to 5 ms in a busy process).
+                sends = self._sends_for_this_thread()
+                self._changed()
+            if sends:
+                self._send_replies(sends, block=False)
+
+    def _handle(self, op: int, parts: list[Any], peer: Hashable) -> None:
+        if op == PUT:
+            self._append(parts)
+        elif op == GET:
+            reader = self.readers.get(peer)
+            if reader is None:
+                reader = self.readers[peer] = Reader()
+            self._ack(reader, read_u64(parts[1]))
+            self.waiting.append((peer, read_u64(parts[0]), read_u64(parts[2]) == 1))
+        elif op == RETURN:
+            reader = self.readers.get(peer)
+            if reader is not None:
+                self._ack(reader, read_u64(parts[0]))
+                n = min(read_u64(parts[1]), len(reader.leased))
+                back = [reader.leased.pop() for _ in range(n)]
+                self.items.extendleft(back)  # popped last-first: extendleft restores order
+                reader.recalled = False
+        elif op == PUTSYNC:
+            self.pending_puts.append((peer, bytes(parts[0]), parts[1:]))
+            self._admit_puts()
+        elif op == CANCEL:
+            original = bytes(parts[1])
+            before = len(self.pending_puts)
+            self.pending_puts = deque(p for p in self.pending_puts if not (p[0] is peer and p[1] == original))
+            done = u64(len(self.pending_puts) < before)
+            self.outbox.append((peer, [(CANCELLED, [bytes(parts[0]), done])]))
+        elif op == SIZE:
+            reader = self.readers.get(peer)
+            if reader is not None:
+                self._ack(reader, read_u64(parts[1]))
+            self.outbox.append((peer, [(SIZEIS, [bytes(parts[0]), u64(len(self.items) + self._leased_count())])]))
+        elif op == TASKDONE:
+            self._task_done(read_u64(parts[0]))
+        elif op == JOIN:
+            if self.unfinished == 0:
+                self.outbox.append((peer, [(JOINED, [bytes(parts[0])])]))
+            else:
+                self.join_waiters.append((peer, bytes(parts[0])))
+
+    def _dispatch(self) -> None:
+        """Serve waiting readers and send replies that the receive thread could not send
+        without waiting (a reader whose socket is full), and those of local operations."""
+        while True:
+            with self.cv:
+                while True:
+                    if self.waiting and not self.items:
+                        self._recall(None)
+                    if not self.sending and (self.outbox or (self.waiting and (self.items or self._nowait_pending()))):
+                        break
+                    if self.closed and self.peers <= 0:
+                        return
+                    self.cv.wait(1.0)
+                sends = self._take_sends()
+                self.sending = True
+            self._send_replies(sends, block=True)
+
+    def _send_replies(self, sends: list[tuple[Hashable, list[Any]]], block: bool) -> None:
+        """Send replies in order (one thread at a time: ``sending``); without ``block``,
+        what cannot go now goes back to the front of the outbox, for the dispatch thread."""
+        for i, (peer, messages) in enumerate(sends):
+            try:
+                self.channel.send(messages, peer, block=block)
+            except TransportTimeout:
+                with self.cv:
+                    self.outbox[:0] = sends[i:]
+                    self.sending = False
+                    self._changed()
+                return
+            except Exception:  # the peer left; its leases come back via _peer_event
+                pass
+        with self.cv:
+            self.sending = False
+            if self.outbox:
+                self._changed()
+
+    def _sends_for_this_thread(self) -> list[tuple[Hashable, list[Any]]]:
+        """Replies this thread may send itself, with ``block=False`` (cv held): none while
+        another thread sends (replies leave in the order they were made)."""
+        sends = [] if self.sending else self._take_sends()
+        if sends:
+            self.sending = True
+        return sends
+
+    def _take_sends(self) -> list[tuple[Hashable, list[Any]]]:
+        """Replies due now (cv held): the outbox, then batches for the waiting readers."""
+        if self.waiting and not self.items:
+            self._recall(None)
+        sends = self.outbox
+        self.outbox = []
+        while self.waiting and (self.items or self.waiting[0][2]):
+            peer, want, nowait = self.waiting.popleft()
+            reader = self.readers.get(peer)
+            if reader is None:
+                continue
+            if not self.items:
+                sends.append((peer, [(EMPTY, [])]))
+                continue
+            batch: list[list[Any]] = []
+            size = 0
+            for _ in range(self._grant(want)):
+                if batch and size >= GRANT_BYTES:
+                    break
+                batch.append(self.items.popleft())
+                size += item_bytes(batch[-1])
+            reader.leased.extend(batch)
+            sends.append((peer, [(ITEM, parts) for parts in batch]))
+        self._admit_puts()
+        return sends
+
+    def _nowait_pending(self) -> bool:
+        return any(w[2] for w in self.waiting)
+
+
+#: Seconds without a thread waiting on a queue client before its background thread reads
+#: the connection (while threads wait, one of them reads it: no hand-off per item).
