@@ -4,6 +4,9 @@ not needs_moto"`` is the quick run of a machine without them (CONTRIBUTING.md)."
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from typing import Any
 
 import pytest
@@ -22,7 +25,37 @@ NEEDS = {
 }
 
 
+#: The test that checks every hook was really called by the suite (tests/test_hooks_called.py).
+HOOKS_CALLED = "test_every_hook_is_called_by_the_suite"
+
+
+def whole_suite(config: Any) -> bool:
+    """Whether this run is the whole suite: the configured test paths, nothing deselected."""
+    source = getattr(config, "args_source", None)
+    return (source is not None and source.name == "TESTPATHS" and not config.option.keyword
+            and not config.option.markexpr and not getattr(config.option, "lf", False))
+
+
+def pytest_configure(config: Any) -> None:
+    if whole_suite(config) and not os.environ.get("FIBERCORE_RECORD_HOOKS"):
+        # Every process of the run (the jobs and fiber commands it starts inherit it) writes
+        # down the hooks it calls; the last test reads them.
+        config._fiber_hook_dir = tempfile.mkdtemp(prefix="fibercore-hooks-")
+        os.environ["FIBERCORE_RECORD_HOOKS"] = config._fiber_hook_dir
+
+
+def pytest_unconfigure(config: Any) -> None:
+    directory = getattr(config, "_fiber_hook_dir", None)
+    if directory:
+        os.environ.pop("FIBERCORE_RECORD_HOOKS", None)
+        shutil.rmtree(directory, ignore_errors=True)
+
+
 def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
+    last = [item for item in items if item.name == HOOKS_CALLED]
+    for item in last:  # after every other test: it reads what they called
+        items.remove(item)
+        items.append(item)
     for item in items:
         names = set(getattr(item, "fixturenames", ()))
         for fixture, markers in NEEDS.items():

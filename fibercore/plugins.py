@@ -20,7 +20,9 @@ with the fix (see :mod:`fibercore.hookspecs`).
 
 Switches: ``FIBER_DISABLE_PLUGIN_AUTOLOAD`` (no ``fiber.plugins``, no detection),
 ``FIBER_PLUGINS=mod1,mod2`` (import and register these modules),
-``FIBER_TRACE_HOOKS`` (log every hook call to stderr).
+``FIBER_TRACE_HOOKS`` (log every hook call to stderr), ``FIBERCORE_RECORD_HOOKS=DIR`` (each
+process writes the name of every hook it calls to a file in DIR: the test suite's check that
+every hook is really called, tests/test_hooks_called.py).
 
 The rest of the core calls :class:`Plugins` methods, never ``pm.hook`` directly.
 """
@@ -216,10 +218,34 @@ def new_plugin_manager() -> pluggy.PluginManager:
     return pm
 
 
+_recorded: set[str] = set()
+
+
+def record_calls(pm: pluggy.PluginManager) -> None:
+    """With ``FIBERCORE_RECORD_HOOKS=DIR``: write each hook name this process calls (the first
+    time) to its own file in DIR."""
+    directory = os.environ.get("FIBERCORE_RECORD_HOOKS")
+    if not directory:
+        return
+    path = os.path.join(directory, f"{os.getpid()}-{os.urandom(4).hex()}")
+
+    def before(name: str, impls: Any, kwargs: Mapping[str, Any]) -> None:
+        if name not in _recorded:
+            _recorded.add(name)
+            try:
+                with open(path, "a") as fh:
+                    fh.write(name + "\n")
+            except OSError:  # the directory is gone (the suite ended): nothing to record
+                pass
+
+    pm.add_hookcall_monitoring(before, lambda *args: None)
+
+
 def detect_backend() -> str | None:
     """Ask every installed backend (imported cheaply) whether the environment calls for it."""
     pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
     pm.add_hookspecs(hookspecs)
+    record_calls(pm)
     for info in installed(BACKENDS_GROUP):
         try:
             plugin = load_value(info.value)
@@ -291,6 +317,7 @@ class Plugins:
             ) from exc
         self = cls(pm, backend)
         self.modules = values
+        record_calls(pm)
         if truthy_env("FIBER_TRACE_HOOKS"):
             self.enable_tracing()
         return self
