@@ -19,7 +19,7 @@ in its module); a declared version this core does not speak is refused at load t
 with the fix (see :mod:`fibercore.hookspecs`).
 
 Switches: ``FIBER_DISABLE_PLUGIN_AUTOLOAD`` (no ``fiber.plugins``, no detection),
-``FIBER_PLUGINS=mod1,mod2`` (import and register these modules),
+``FIBER_PLUGINS=mod1,mod2:obj`` (import and register these modules or objects; jobs too),
 ``FIBER_TRACE_HOOKS`` (log every hook call to stderr), ``FIBERCORE_RECORD_HOOKS=DIR`` (each
 process writes the name of every hook it calls to a file in DIR: the test suite's check that
 every hook is really called, tests/test_hooks_called.py).
@@ -300,8 +300,10 @@ class Plugins:
                     ) from exc
                 _register(pm, obj, f"{PLUGINS_GROUP}:{info.name}")
                 values.append(info.value)
-        for modname in filter(None, os.environ.get("FIBER_PLUGINS", "").split(",")):
-            _register(pm, importlib.import_module(modname.strip()), modname.strip())
+        for value in filter(None, (v.strip() for v in os.environ.get("FIBER_PLUGINS", "").split(","))):
+            _register(pm, load_value(value), value)  # a module, or module:object
+            if value not in values:
+                values.append(value)
         for obj in extra:
             _register(pm, obj)
         if resolved is None:

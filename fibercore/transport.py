@@ -42,12 +42,16 @@ but carry no MAC. Frames on any other connection are encrypted by the core.
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
-if TYPE_CHECKING:
-    from fibercore.wire.handshake import Authenticator
+# What a transport gets from the core and may name: the authenticator of an endpoint, the
+# session a connection becomes, the limits, and the largest handshake message.
+from fibercore.wire.handshake import MAX_HANDSHAKE_FRAME, Authenticator, Limits, Session
 
 PeerCallback = Callable[[Hashable, bool], None]  # (peer, added?)
+
+__all__ = ["MAX_HANDSHAKE_FRAME", "Authenticator", "DialEndpoint", "Endpoint", "FlowControl", "LaneEndpoint",
+           "Limits", "PeerCallback", "Session", "Transport"]
 
 
 @runtime_checkable

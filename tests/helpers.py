@@ -154,6 +154,16 @@ def node_cert(tmp_path: Path, ca: tuple[Any, Any], name: str, ip: str | None) ->
     return str(path)
 
 
+def tls_settings() -> dict[str, str]:
+    """A transport's TLS settings with a fresh test CA and a node certificate for localhost
+    and 127.0.0.1 (what ``tls_cert_file``, ``tls_ca_file``, ``tls_server_name`` give it)."""
+    import tempfile
+
+    where = Path(tempfile.mkdtemp(prefix="fiber-tls-"))
+    ca_file, ca = make_ca(where)
+    return {"cert": node_cert(where, ca, "localhost", "127.0.0.1"), "ca": ca_file, "server_name": "localhost"}
+
+
 def make_ca(tmp_path: Path) -> tuple[str, tuple[Any, Any]]:
     import datetime
 

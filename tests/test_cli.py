@@ -121,6 +121,7 @@ def test_bad_input_is_one_line_naming_the_fix_and_exit_code_2(project, args, mes
     assert message in done.stderr and "Traceback" not in done.stderr
 
 
+@pytest.mark.builtin_transport
 def test_config_says_where_each_value_came_from(tmp_path):
     (tmp_path / ".fiberconfig").write_text("[default]\nstart_timeout = 33\n")
     done = fiber("config", cwd=tmp_path, env={**LOCAL, "FIBER_POOL_PROCESSES": "3"})
@@ -133,6 +134,7 @@ def test_config_says_where_each_value_came_from(tmp_path):
     assert "local_echo_output = True  (default; fiber-local)" in everything
 
 
+@pytest.mark.builtin_transport
 def test_doctor_checks_the_local_backend(tmp_path):
     done = fiber("doctor", "--backend", "local", cwd=tmp_path)
     assert done.returncode == 0, done.stdout

@@ -104,6 +104,7 @@ def assert_api_page_reads_well(site: Path) -> None:
     assert not roles, f"raw Sphinx roles on the API page: {roles[:5]}"
 
 
+@pytest.mark.builtin_transport  # a venv of the core and fiber-local only: the built-in transport
 @pytest.mark.slow
 def test_the_docs_build_with_only_the_core_the_local_backend_and_the_docs_extra(tmp_path):
     """As the README says: pip install -e ".[docs]" (with fiber-local) in a new venv, then

@@ -192,6 +192,7 @@ def test_manager_start_and_shutdown_leave_no_socket_open():
 
 
 # -- fibercore objects in children that multiprocessing (or a library) starts ---------------
+@pytest.mark.forks_master
 def test_queue_pipe_and_proxy_in_plain_multiprocessing_children(tmp_path):
     """spawn and forkserver get the session's credentials in the start-up pipe; a forked
     child inherits them and opens connections of its own (the reactor thread is new)."""
@@ -223,6 +224,7 @@ def test_queue_pipe_and_proxy_in_plain_multiprocessing_children(tmp_path):
     assert "dropped a frame" not in out.stderr, out.stderr
 
 
+@pytest.mark.forks_master
 def test_gymnasium_async_vector_env_feeds_a_fibercore_queue(tmp_path):
     """A library that starts its own children: each env reports its steps to a fibercore queue."""
     pytest.importorskip("gymnasium")

@@ -40,6 +40,11 @@ POOL_APP = '''
 '''
 
 
+def _plugins(*more: str) -> str:
+    """FIBER_PLUGINS with ``more`` added to what the suite runs with (a transport plugin)."""
+    return ",".join(filter(None, [os.environ.get("FIBER_PLUGINS", ""), *more]))
+
+
 def test_a_backend_that_cannot_be_reached_is_one_line_naming_the_fix(tmp_path):
     plugin = tmp_path / "down_backend.py"
     plugin.write_text(textwrap.dedent('''
@@ -61,7 +66,7 @@ def test_a_backend_that_cannot_be_reached_is_one_line_naming_the_fix(tmp_path):
             except OSError as exc:
                 raise DaemonDown("cannot reach the daemon at /run/down.sock: start it (sudo downd &)") from exc
     '''))
-    env = {**LOCAL, "FIBER_PLUGINS": "down_backend", "PYTHONPATH": str(tmp_path)}
+    env = {**LOCAL, "FIBER_PLUGINS": _plugins("down_backend"), "PYTHONPATH": str(tmp_path)}
     done = run_program(POOL_APP, tmp_path, env=env)
     assert done.returncode == 1
     lines = done.stderr.strip().splitlines()
@@ -88,7 +93,7 @@ def test_a_process_on_an_unreachable_backend_is_one_line_too(tmp_path):
         if __name__ == "__main__":
             p = mp.Process(target=print, args=("hi",))
             p.start()
-    ''', tmp_path, env={**LOCAL, "FIBER_PLUGINS": "down_backend", "PYTHONPATH": str(tmp_path)})
+    ''', tmp_path, env={**LOCAL, "FIBER_PLUGINS": _plugins("down_backend"), "PYTHONPATH": str(tmp_path)})
     assert done.returncode == 1
     assert done.stderr == ("fibercore: backend 'local' cannot start jobs: no cluster configuration: set "
                            "KUBECONFIG (FIBER_DEBUG=1 shows the traceback)\n")

@@ -18,7 +18,7 @@ import pytest
 import fibercore
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGE_MODULES = {"fibercore.types", "fibercore.backendkit", "fibercore.errors"}
+PACKAGE_MODULES = {"fibercore.types", "fibercore.backendkit", "fibercore.errors", "fibercore.transport"}
 TEST_MODULES = PACKAGE_MODULES | {"fibercore.testing", "fibercore.testing.targets"}
 PUBLIC_NAMES = set(fibercore.__all__)
 
@@ -79,7 +79,7 @@ def test_plugins_use_public_names_only(path: Path, is_test: bool) -> None:
 
 def test_every_backend_is_checked() -> None:
     checked = {p.relative_to(ROOT).parts[:2] for p, _ in FILES}
-    for name in ("fiber_local", "fiber_docker", "fiber_k8s", "fiber_aws"):
+    for name in ("fiber_local", "fiber_docker", "fiber_k8s", "fiber_aws", "fiber_slurm", "fiber_ssh", "fiber_nng"):
         assert ("plugins", name) in checked
 
 

@@ -294,8 +294,7 @@ class Relay:
                 self.captured.append(record)
                 # the first client record is the handshake proof: relayed once
                 dst.sendall(record * (self.copies if replay and records > 1 else 1))
-
-
+@pytest.mark.builtin_transport  # speaks the built-in transport's records, sockets or names
 def test_replayed_frames_are_dropped_not_delivered_twice():
     q = mp.Queue()
     q.put("warm-up")
@@ -324,8 +323,7 @@ def test_replayed_frames_are_dropped_not_delivered_twice():
     assert q.empty(), "a captured frame was accepted on a new connection"
     channel.close()
     hub_address.close()
-
-
+@pytest.mark.builtin_transport  # speaks the built-in transport's records, sockets or names
 def test_reflected_frames_are_dropped():
     """A frame sealed for the listener-to-dialler direction, sent back to the listener, fails."""
     from tests.helpers import connected_router
@@ -450,12 +448,11 @@ def test_hook_traces_never_show_the_secret():
 def test_listeners_bind_loopback_only_for_local_backend():
     q = mp.Queue()
     assert mp.get_runtime().listen_host == "127.0.0.1"
-    assert q._address.startswith("tcp://127.0.0.1:")
+    assert "://127.0.0.1:" in q._address  # tcp://, or nng+tcp:// on fiber-nng
 
 
 # -- private (Unix-domain) streams and the relay that would downgrade them ----------------------
-
-
+@pytest.mark.builtin_transport  # speaks the built-in transport's records, sockets or names
 def test_unix_streams_leave_out_the_mac_and_tcp_keeps_it(monkeypatch):
     """Frames on a Unix-domain connection are counted, not MACed (only the two processes can
     write into it); over TCP every frame is MACed."""
@@ -473,8 +470,7 @@ def test_unix_streams_leave_out_the_mac_and_tcp_keeps_it(monkeypatch):
     assert type(peer.sealer).__name__ == "Sealer" and type(spoke.endpoint.peer.opener).__name__ == "Opener"
     hub.close()
     spoke.close()
-
-
+@pytest.mark.builtin_transport  # speaks the built-in transport's records, sockets or names
 def test_a_handshake_relayed_to_another_listener_fails_before_any_proof(monkeypatch):
     """A dialer that meant listener A but reached listener B (a relay joining it to B's port)
     refuses B's HELLO, which names B: it sends no proof an attacker could test keys against."""
@@ -496,8 +492,7 @@ def test_a_handshake_relayed_to_another_listener_fails_before_any_proof(monkeypa
     rt.dial("router", b.address, service="queue").close()  # B's own address works
     a.close()
     b.close()
-
-
+@pytest.mark.builtin_transport  # speaks the built-in transport's records, sockets or names
 def test_a_proof_for_one_service_is_refused_by_another():
     """Without an identity to expect (a manager reached by (host, port)), the service still
     binds the proofs: a queue client's handshake relayed to a pool listener fails."""
@@ -510,8 +505,7 @@ def test_a_proof_for_one_service_is_refused_by_another():
         rt.dial("router", f"tcp://{host}:{port}", service="queue")
     rt.dial("router", f"tcp://{host}:{port}", service="pool").close()
     pool_listener.close()
-
-
+@pytest.mark.builtin_transport  # speaks the built-in transport's records, sockets or names
 def test_unix_names_are_random_and_carried_in_the_address():
     """The Unix socket's name comes from the listener's random identity (no one can take it
     first), and the address says which machine it is on."""
@@ -659,8 +653,7 @@ def _wait_for_name(name: str, timeout: float = 10) -> None:
     while name not in _abstract_names():
         assert time.monotonic() < deadline, "the attacker never bound its name"
         time.sleep(0.02)
-
-
+@pytest.mark.builtin_transport  # speaks the built-in transport's records, sockets or names
 def test_squat_and_relay_to_every_listener_kind_unpickles_nothing(local_user, session_listeners, tmp_path):
     """The attacker holds the Unix name an address points at (a listener gone, its address
     still in use) and relays it to each other listener of the session: the dialer sees
@@ -695,8 +688,7 @@ def test_squat_and_relay_to_every_listener_kind_unpickles_nothing(local_user, se
     lock.release()
     shared["k"] = 1
     assert shared["k"] == 1
-
-
+@pytest.mark.builtin_transport  # speaks the built-in transport's records, sockets or names
 def test_a_listener_whose_name_was_taken_draws_another(local_user, monkeypatch):
     """A name someone holds before the listener binds it (which needs the 16 random bytes in
     advance) makes the listener pick another identity: never TCP-only in silence."""
@@ -729,6 +721,7 @@ def test_a_listener_whose_name_was_taken_draws_another(local_user, monkeypatch):
     hub.close()
 
 
+@pytest.mark.builtin_transport  # speaks the built-in transport's records, sockets or names
 @pytest.mark.parametrize("accept", [False, True], ids=["hang", "silence"])
 def test_squat_and_hang_or_silence_costs_a_dial_under_a_second(local_user, session_listeners, accept):
     """A squatter that never accepts (full backlog) or accepts and stays silent: the dial
@@ -780,8 +773,7 @@ def attack_capture_manager_proof(names: list[str], seconds: float) -> dict:
                 pass
             c.close()
     return {"squatted": len(socks), "proofs": proofs}
-
-
+@pytest.mark.builtin_transport  # speaks the built-in transport's records, sockets or names
 def test_proof_capture_on_a_manager_at_a_fixed_address_gets_nothing(local_user, tmp_path):
     """A manager on a fixed port, reached by (host, port): the old derived Unix name is held
     by the attacker with a chosen nonce ready, but no dialer ever asks for it."""
@@ -859,6 +851,7 @@ def attack_churn(seconds: float) -> dict:
     return {"attempts": attempts, "unix_refused": unix_refused}
 
 
+@pytest.mark.builtin_transport  # the churn attacks the built-in's Unix sockets
 @pytest.mark.timeout(300)
 def test_churn_during_pool_starts_evicts_no_worker(local_user):
     from tests.security_tasks import square
@@ -1015,8 +1008,7 @@ def tls_session(tmp_path):
     mp.init(tls=True, tls_cert_file=node, tls_ca_file=ca_file, start_timeout=30)
     yield tmp_path, ca_file, ca
     mp.init()
-
-
+@pytest.mark.builtin_transport  # speaks the built-in transport's records, sockets or names
 def test_a_tls_relay_with_another_certificate_of_the_ca_reads_nothing(tls_session):
     """A relay with a certificate of the same CA for another name is refused (host name
     checked by default); one holding a stolen node certificate valid for the address gets
@@ -1044,8 +1036,7 @@ def test_a_tls_relay_with_another_certificate_of_the_ca_reads_nothing(tls_sessio
     channel.close()
     other.close()
     stolen.close()
-
-
+@pytest.mark.builtin_transport  # speaks the built-in transport's records, sockets or names
 def test_tls_needs_a_ca_and_a_tls_dialer_refuses_plain_tcp(tmp_path):
     from fibercore.builtins.tcp_transport import TcpTransport
     from fibercore.errors import ConfigError, TransportError

@@ -3,12 +3,9 @@
 
 from __future__ import annotations
 
-import tempfile
-from pathlib import Path
-
 from fibercore.builtins.tcp_transport import TcpTransport
 from fibercore.testing import TransportConformance
-from tests.helpers import make_ca, node_cert
+from tests.helpers import tls_settings
 
 
 class TestBuiltinTransport(TransportConformance):
@@ -18,10 +15,7 @@ class TestBuiltinTransport(TransportConformance):
 
 class TestBuiltinTransportOverTLS(TransportConformance):
     def make_transport(self) -> TcpTransport:
-        where = Path(tempfile.mkdtemp(prefix="fiber-tls-"))
-        ca_file, ca = make_ca(where)
-        node = node_cert(where, ca, "localhost", "127.0.0.1")
-        return TcpTransport({"cert": str(node), "ca": str(ca_file), "server_name": "localhost"})
+        return TcpTransport(tls_settings())
 
 
 def test_a_transport_no_plugin_provides_is_one_clear_line():

@@ -39,7 +39,8 @@ from fibercore.errors import FiberError
 
 DEFAULT_TAG = DEFAULT_IMAGE
 DEFAULT_BASE = "python:3.11-slim"
-_OWN_DISTS = {"fibercore", "fiber-local", "fiber-docker", "fiber-k8s", "fiber-aws", "fiber-slurm", "fiber-ssh"}
+_OWN_DISTS = {"fibercore", "fiber-local", "fiber-docker", "fiber-k8s", "fiber-aws", "fiber-slurm", "fiber-ssh",
+              "fiber-nng"}
 _SKIP_DIRS = {"__pycache__", "tests", "build", "dist", ".venv", ".git", ".pytest_cache", ".ruff_cache"}
 
 

@@ -1,0 +1,1 @@
+"""fiber-nng: fibercore's transport on nng (pynng), selected with ``transport = "nng"``."""
