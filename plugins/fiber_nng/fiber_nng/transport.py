@@ -18,10 +18,11 @@ while fibercore needs every frame of every peer, in order, both ways. So a liste
   (nng refuses a second connection while the first stays) and never drops: a send waits
   while the peer's buffers are full (back-pressure), as a TCP stream does.
 
-One thread per listener (``fiber-nng-accept``) answers the front socket, checks tokens and
-notices peers that left, so an unauthenticated peer never reaches the thread that receives
-frames. The core seals every frame (AES-GCM: nng carries them as opaque bytes), so nothing
-here can weaken authentication.
+One thread per process (``fiber-nng-accept``) answers every listener's front socket, checks
+tokens and notices peers that left, so an unauthenticated peer never reaches the thread that
+receives frames, and a listener (a Pipe's home is one) costs no thread of its own. The core
+seals every frame (AES-GCM: nng carries them as opaque bytes), so nothing here can weaken
+authentication.
 
 Readiness: each pynng socket has a receive descriptor (nng's ``NNG_OPT_RECVFD``) that is
 readable while a message waits; a listener's ``recv`` selects over its peers' descriptors
@@ -69,17 +70,28 @@ TOKEN = 16
 
 
 class _Wake:
-    """A pipe that makes a select() return (nng's callbacks and close() write to it)."""
+    """A pipe that makes a select() return (nng's callbacks and close() write to it).
+
+    Its two descriptors are checked to still be this pipe (by inode) before each read or
+    write: code elsewhere in the program that closes a descriptor twice could hand the number
+    to another file, which a late write or a blocking read must never touch."""
 
     def __init__(self) -> None:
         self.r, self.w = os.pipe()
         os.set_blocking(self.r, False)
         os.set_blocking(self.w, False)
-        self._lock = threading.Lock()  # a late set() never writes into a reused descriptor
+        self._ino = os.fstat(self.r).st_ino
+        self._lock = threading.Lock()
+
+    def _mine(self, fd: int) -> bool:
+        try:
+            return fd >= 0 and os.fstat(fd).st_ino == self._ino
+        except OSError:
+            return False
 
     def set(self) -> None:
         with self._lock:
-            if self.w < 0:
+            if not self._mine(self.w):
                 return
             try:
                 os.write(self.w, b"!")
@@ -88,7 +100,7 @@ class _Wake:
 
     def clear(self) -> None:
         with self._lock:
-            if self.r < 0:
+            if not self._mine(self.r):
                 return
             try:
                 while os.read(self.r, 4096):
@@ -99,7 +111,7 @@ class _Wake:
     def close(self) -> None:
         with self._lock:
             for fd in (self.r, self.w):
-                if fd >= 0:
+                if self._mine(fd):
                     os.close(fd)
             self.r = self.w = -1
 
@@ -273,6 +285,57 @@ class _Conn:
             pass
 
 
+class _Acceptor:
+    """The one thread (per process) that serves every listener's front socket, checks the
+    tokens of new data connections and notices peers that left: a listener costs no thread
+    of its own (a Pipe's home is a listener, and programs make many)."""
+
+    def __init__(self) -> None:
+        self.wake = _Wake()
+        self._listeners: set[NngListener] = set()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def add(self, listener: NngListener) -> None:
+        with self._lock:
+            self._listeners.add(listener)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="fiber-nng-accept", daemon=True)
+                self._thread.start()
+        self.wake.set()
+
+    def remove(self, listener: NngListener) -> None:
+        with self._lock:
+            self._listeners.discard(listener)
+        self.wake.set()
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                listeners = list(self._listeners)
+            now = time.monotonic()
+            fds: list[int] = [self.wake.r]
+            deadlines: list[float] = []
+            for listener in listeners:
+                fds += listener.accept_fds()
+                deadlines += listener.deadlines()
+            wait = max(0.0, min(deadlines) - now) if deadlines else None  # idle: until something comes
+            try:
+                ready = set(select.select(fds, [], [], wait)[0])
+            except (OSError, ValueError):  # a socket closed meanwhile: look again
+                ready = set()
+            self.wake.clear()
+            for listener in listeners:
+                try:
+                    listener.accept_step(ready)
+                except Exception:  # one listener's trouble must not stop the others' handshakes
+                    if not listener._closed:
+                        raise
+
+
+_acceptor = _Acceptor()
+
+
 class NngListener:
     """A listening endpoint: a front socket and a Pair0 socket per peer (module docstring)."""
 
@@ -283,7 +346,7 @@ class NngListener:
         self._auth = auth
         self._bind = bind_host
         self._wake = _Wake()  # the receiving thread
-        self._accept_wake = _Wake()  # the accept thread
+        self._accept_wake = _acceptor.wake
         self._lock = threading.Lock()
         self._peers: dict[Hashable, _Conn] = {}
         # Handshakes on the front socket: its pipe -> (handshake, deadline, address); then the
@@ -305,38 +368,39 @@ class NngListener:
             self._front.close()
             raise TransportError(f"fiber-nng cannot listen on {bind_host}:{port}: {exc}") from None
         self.port = _port_of(listener)
+        self._front_fd = int(self._front.recv_fd)
         scheme = TLS_SCHEME if transport.tls else SCHEME
         self.address = f"{scheme}{_bracket(advertise_host)}:{self.port}"
-        self._thread = threading.Thread(target=self._accept, name=f"fiber-nng-accept-{self.port}", daemon=True)
-        self._thread.start()
+        _acceptor.add(self)
 
-    # -- the accept thread: handshakes on the front socket, data connections, departures ------------
-    def _accept(self) -> None:
-        front_fd = self._front.recv_fd
-        while not self._closed:
-            now = time.monotonic()
-            with self._lock:
-                for pipe_id in [k for k, (_, deadline, _) in self._greeted.items() if deadline < now]:
-                    del self._greeted[pipe_id]  # it did not prove itself in time
-                pending = list(self._pending.items())
-            wait = min([deadline - now for _, (_, deadline, _) in pending] + [1.0])
-            fds = [front_fd, self._accept_wake.r] + [fd for c, _ in pending if c.connected
-                                                     for fd in [c.recv_fd()] if fd is not None]
-            try:
-                ready, _, _ = select.select(fds, [], [], max(0.0, wait))
-            except (OSError, ValueError):
-                if self._closed:
-                    return
-                continue
-            if self._accept_wake.r in ready:
-                self._accept_wake.clear()
-            if self._closed:
-                return
-            if front_fd in ready:
-                self._answer_front()
-            for conn, (token, deadline, who) in pending:
-                self._check_token(conn, token, deadline, who)
-            self._notice_departures()
+    # -- the accept thread (:class:`_Acceptor`): handshakes, data connections, departures -----------
+    def accept_fds(self) -> list[int]:
+        """The descriptors the accept thread watches for this listener."""
+        if self._closed:
+            return []
+        with self._lock:
+            pending = [c for c in self._pending if c.connected]
+        return [self._front_fd] + [fd for c in pending for fd in [c.recv_fd()] if fd is not None]
+
+    def deadlines(self) -> list[float]:
+        """When handshakes and data connections in progress run out of time."""
+        with self._lock:
+            return [d for _, d, _ in self._greeted.values()] + [d for _, d, _ in self._pending.values()]
+
+    def accept_step(self, ready: set[int]) -> None:
+        """What the accept thread does for this listener after each wake-up."""
+        if self._closed:
+            return
+        now = time.monotonic()
+        with self._lock:
+            for pipe_id in [k for k, (_, deadline, _) in self._greeted.items() if deadline < now]:
+                del self._greeted[pipe_id]  # it did not prove itself in time
+            pending = list(self._pending.items())
+        if self._front_fd in ready:
+            self._answer_front()
+        for conn, (token, deadline, who) in pending:
+            self._check_token(conn, token, deadline, who)
+        self._notice_departures()
 
     def _answer_front(self) -> None:
         """One request on the front socket: a dialer's greeting (answered with the listener's
@@ -533,7 +597,7 @@ class NngListener:
         if self._closed:
             return
         self._closed = True
-        self._accept_wake.set()
+        _acceptor.remove(self)
         self._wake.set()
         try:
             self._front.close()
@@ -544,9 +608,6 @@ class NngListener:
             self._pending.clear()
         for conn in conns:
             conn.close()
-        if threading.current_thread() is not self._thread:
-            self._thread.join(2.0)
-            self._accept_wake.close()
         _close_after(self._reading, self._wake)
 
     def __repr__(self) -> str:

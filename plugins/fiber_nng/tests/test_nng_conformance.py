@@ -22,7 +22,7 @@ class TestNngTransportOverTLS(TransportConformance):
 def _dial_in_a_forked_child(address: str, key: bytes, identity: bytes, out: int) -> None:
     import os
 
-    from fibercore.wire.handshake import Authenticator
+    from fibercore.transport import Authenticator
 
     try:
         NngTransport().dial("router", address, auth=Authenticator(key, "router", service="conformance",
@@ -41,7 +41,7 @@ def test_a_child_forked_after_nng_was_used_gets_one_line_not_a_hang_or_a_panic()
     import os
     import time
 
-    from fibercore.wire.handshake import Authenticator
+    from fibercore.transport import Authenticator
 
     key = b"k" * 32
     auth = Authenticator(key, "router", service="conformance")
