@@ -58,6 +58,8 @@ SCHEME = "nng+tcp://"
 TLS_SCHEME = "nng+tls://"
 #: How long a dialer keeps asking a listener that answers BUSY (the built-in's patience).
 DIAL_PATIENCE = 120.0
+#: The longest a waiting select() sleeps before it looks again.
+IDLE_STEP = 0.5
 #: Seconds one blocking send waits before it looks whether its peer is still there.
 SEND_STEP = 0.2
 _HELLO = b"FIBER-NNG-1 HELLO?"
@@ -82,6 +84,10 @@ class _Wake:
         os.set_blocking(self.w, False)
         self._ino = os.fstat(self.r).st_ino
         self._lock = threading.Lock()
+
+    def healthy(self) -> bool:
+        """Both descriptors are still this pipe."""
+        return self._mine(self.r) and self._mine(self.w)
 
     def _mine(self, fd: int) -> bool:
         try:
@@ -291,40 +297,52 @@ class _Acceptor:
     of its own (a Pipe's home is a listener, and programs make many)."""
 
     def __init__(self) -> None:
-        self.wake = _Wake()
+        self.wake: _Wake | None = None  # made with the thread, when the first listener comes
         self._listeners: set[NngListener] = set()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
 
-    def add(self, listener: NngListener) -> None:
+    def add(self, listener: NngListener) -> _Wake:
+        """Serve ``listener``; the wake-up pipe its connections' callbacks write to."""
         with self._lock:
             self._listeners.add(listener)
-            if self._thread is None:
+            if self.wake is None or not self.wake.healthy():
+                self.wake = _Wake()
+            if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="fiber-nng-accept", daemon=True)
                 self._thread.start()
-        self.wake.set()
+            wake = self.wake
+        wake.set()
+        return wake
 
     def remove(self, listener: NngListener) -> None:
         with self._lock:
             self._listeners.discard(listener)
-        self.wake.set()
+            wake = self.wake
+        if wake is not None:
+            wake.set()
 
     def _run(self) -> None:
         while True:
             with self._lock:
                 listeners = list(self._listeners)
+                if self.wake is None or not self.wake.healthy():
+                    self.wake = _Wake()
+                wake = self.wake
             now = time.monotonic()
-            fds: list[int] = [self.wake.r]
+            fds: list[int] = [wake.r]
             deadlines: list[float] = []
             for listener in listeners:
                 fds += listener.accept_fds()
                 deadlines += listener.deadlines()
-            wait = max(0.0, min(deadlines) - now) if deadlines else None  # idle: until something comes
+            # At most IDLE_STEP: a wake-up lost (its descriptor taken by code that closed it twice)
+            # costs a new listener that long, never an answer.
+            wait = min([max(0.0, d - now) for d in deadlines] + [IDLE_STEP])
             try:
                 ready = set(select.select(fds, [], [], wait)[0])
             except (OSError, ValueError):  # a socket closed meanwhile: look again
                 ready = set()
-            self.wake.clear()
+            wake.clear()
             for listener in listeners:
                 try:
                     listener.accept_step(ready)
@@ -346,7 +364,6 @@ class NngListener:
         self._auth = auth
         self._bind = bind_host
         self._wake = _Wake()  # the receiving thread
-        self._accept_wake = _acceptor.wake
         self._lock = threading.Lock()
         self._peers: dict[Hashable, _Conn] = {}
         # Handshakes on the front socket: its pipe -> (handshake, deadline, address); then the
@@ -371,7 +388,7 @@ class NngListener:
         self._front_fd = int(self._front.recv_fd)
         scheme = TLS_SCHEME if transport.tls else SCHEME
         self.address = f"{scheme}{_bracket(advertise_host)}:{self.port}"
-        _acceptor.add(self)
+        self._accept_wake = _acceptor.add(self)
 
     # -- the accept thread (:class:`_Acceptor`): handshakes, data connections, departures -----------
     def accept_fds(self) -> list[int]:
@@ -554,8 +571,9 @@ class NngListener:
                     raise TransportTimeout(f"no frame on {self.address} within {timeout} s")
                 fds = [self._wake.r] + [fd for _, conn in conns if not conn.gone
                                         for fd in [conn.recv_fd()] if fd is not None]
+                step = IDLE_STEP if remaining is None else min(remaining, IDLE_STEP)
                 try:
-                    select.select(fds, [], [], remaining)
+                    select.select(fds, [], [], step)
                 except (OSError, ValueError):  # a socket closed meanwhile: look again
                     pass
                 self._wake.clear()
@@ -749,8 +767,9 @@ class NngDialer:
                 if remaining is not None and remaining <= 0:
                     raise TransportTimeout(f"no frame on {self.address} within {timeout} s")
                 fd = self._conn.recv_fd()
+                step = IDLE_STEP if remaining is None else min(remaining, IDLE_STEP)
                 try:
-                    select.select([self._wake.r] if fd is None else [fd, self._wake.r], [], [], remaining)
+                    select.select([self._wake.r] if fd is None else [fd, self._wake.r], [], [], step)
                 except (OSError, ValueError):
                     pass
                 self._wake.clear()
