@@ -201,6 +201,16 @@ class NngTransport:
         return NngDialer(self, address, auth)
 
 
+def _readable(fds: list[int], timeout: float | None) -> set[int]:
+    """The descriptors among ``fds`` that are readable within ``timeout`` seconds (poll(2): no
+    limit on descriptor numbers, where select() refuses any above 1023)."""
+    poller = select.poll()
+    for fd in fds:
+        poller.register(fd, select.POLLIN)
+    events = poller.poll(None if timeout is None else max(0, int(timeout * 1000 + 0.999)))
+    return {fd for fd, event in events if event & (select.POLLIN | select.POLLHUP | select.POLLERR)}
+
+
 def _bracket(host: str) -> str:
     return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
@@ -339,7 +349,7 @@ class _Acceptor:
             # costs a new listener that long, never an answer.
             wait = min([max(0.0, d - now) for d in deadlines] + [IDLE_STEP])
             try:
-                ready = set(select.select(fds, [], [], wait)[0])
+                ready = _readable(fds, wait)
             except (OSError, ValueError):  # a socket closed meanwhile: look again
                 ready = set()
             wake.clear()
@@ -573,7 +583,7 @@ class NngListener:
                                         for fd in [conn.recv_fd()] if fd is not None]
                 step = IDLE_STEP if remaining is None else min(remaining, IDLE_STEP)
                 try:
-                    select.select(fds, [], [], step)
+                    _readable(fds, step)
                 except (OSError, ValueError):  # a socket closed meanwhile: look again
                     pass
                 self._wake.clear()
@@ -769,7 +779,7 @@ class NngDialer:
                 fd = self._conn.recv_fd()
                 step = IDLE_STEP if remaining is None else min(remaining, IDLE_STEP)
                 try:
-                    select.select([self._wake.r] if fd is None else [fd, self._wake.r], [], [], step)
+                    _readable([self._wake.r] if fd is None else [fd, self._wake.r], step)
                 except (OSError, ValueError):
                     pass
                 self._wake.clear()

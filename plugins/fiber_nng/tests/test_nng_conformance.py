@@ -62,3 +62,35 @@ def test_a_child_forked_after_nng_was_used_gets_one_line_not_a_hang_or_a_panic()
         assert said.startswith("TransportError") and "forked" in said and "spawn" in said, said
     finally:
         listener.close()
+
+
+def test_endpoints_work_when_descriptors_are_numbered_past_1023():
+    """A long-running master holds many descriptors: its sockets get numbers select() refuses
+    (the suite's CI run found every listener unanswered that way). Waits use poll()."""
+    import os
+    import resource
+
+    from fibercore.transport import Authenticator
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 2048:
+        import pytest
+
+        pytest.skip(f"the open-files hard limit is {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 2048), hard))
+    held = [os.pipe() for _ in range(600)]
+    key = b"k" * 32
+    auth = Authenticator(key, "router", service="conformance")
+    listener = NngTransport().listen("router", "127.0.0.1", auth=auth)
+    try:
+        dialer = NngTransport().dial("router", listener.address,
+                                     auth=Authenticator(key, "router", service="conformance", expect=auth.identity))
+        dialer.send_parts([b"past 1023"])
+        assert bytes(listener.recv(10)[0]) == b"past 1023"
+        dialer.close()
+    finally:
+        listener.close()
+        for r, w in held:
+            os.close(r)
+            os.close(w)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
