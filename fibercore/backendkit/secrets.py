@@ -22,6 +22,7 @@ class SecretFiles:
         self.mode = mode
         self._prefix = prefix
         self._made: dict[str, str] = {}  # session -> path
+        self._own_directory = False  # made here (directory None): removed by close()
         self._lock = threading.Lock()
 
     def path(self, session: str, secret_hex: str) -> str:
@@ -32,6 +33,7 @@ class SecretFiles:
                 if self.directory is None:
                     self.directory = tempfile.mkdtemp(prefix=self._prefix)
                     os.chmod(self.directory, 0o700)
+                    self._own_directory = True
                 path = os.path.join(self.directory, f"secret-{session}-{secrets.token_hex(4)}")
                 fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, self.mode)
                 with os.fdopen(fd, "w") as fh:
@@ -60,11 +62,16 @@ class SecretFiles:
             _unlink(path)
 
     def close(self) -> None:
-        """Remove every file this object made."""
+        """Remove every file this object made, and the directory when it made that too."""
         with self._lock:
             paths, self._made = list(self._made.values()), {}
         for path in paths:
             _unlink(path)
+        if self._own_directory and self.directory is not None:
+            try:
+                os.rmdir(self.directory)
+            except OSError:  # not empty: something else put a file there
+                pass
 
 
 def _unlink(path: str) -> None:

@@ -409,11 +409,6 @@ class Engine:
                 except Exception:
                     pass
         self._secrets.close()
-        if self._secrets.directory is not None:
-            try:
-                os.rmdir(self._secrets.directory)
-            except OSError:
-                pass
 
     def doctor(self, config: ConfigView) -> list[Check]:
         """The daemon's version, and whether the image is there."""
