@@ -383,10 +383,10 @@ def test_chaos_10k_tasks_with_workers_killed_repeatedly():
         core = p._core
         assert settled(), "not settled: " + repr((
             core.fleet.target, core.fleet._launching, len(core.fleet._unlaunched),
-            core.supervision.next_spawn_at - time.monotonic(), core.supervision.failures_in_a_row,
-            core.supervision.broken,
+            core.fleet.backoff.next_start_at - time.monotonic(), core.fleet.backoff.failures_in_a_row,
+            core.shared.broken,
             [(w.wid, w.state, w.launched, w.settled, w.poll(), w.process and w.process.is_alive())
-             for w in core.fleet.workers.values()]))
+             for w in core.fleet.slots()]))
         # Whole means whole for good: nothing dies or restarts once the victims are gone.
         pids = sorted(w.pid for w in p.workers())
         time.sleep(0.5)

@@ -11,7 +11,7 @@
 
 Lock rules: every field below, and the dispatch fields of each
 :class:`~fibercore.pool.records.WorkerSlot`, change under the pool's lock
-(``pool.lock``, an RLock shared by the rooms). Unpickling results and handing them to
+(``shared.lock``, the RLock of :class:`~fibercore.pool.shared.PoolShared`). Unpickling results and handing them to
 result objects (which run user callbacks) happen outside it.
 """
 
@@ -31,7 +31,7 @@ from fibercore.serialization import dumps_or_explain
 from fibercore.wire.frames import nbytes
 
 if TYPE_CHECKING:
-    from fibercore.pool.scheduler import Scheduler
+    from fibercore.pool.shared import PoolShared
 
 MAX_PREFETCH = 32
 #: Chunks at least this long (on average) are prefetched one at a time.
@@ -51,8 +51,8 @@ GROUP_BYTES = 64 << 10
 class Dispatch:
     """Queues chunks and hands them to workers with room."""
 
-    def __init__(self, pool: Scheduler) -> None:
-        self.pool = pool
+    def __init__(self, shared: PoolShared) -> None:
+        self.shared = shared
         #: Chunks waiting, oldest first; chunks of a dead worker go back to the front.
         self.queue: deque[Chunk] = deque()
         #: Every outstanding chunk by id: queued, pending at a worker, or being delivered.
@@ -79,8 +79,8 @@ class Dispatch:
         parts for an unchanged function) share it, so workers get the function once."""
         if kind == P.APPLY:
             return Batch(next(self._bids), kind, None, sink, f"{what}({func_name(func)})")
-        func_parts = dumps_or_explain(self.pool.serializer, func, f"the function given to {what}")
-        with self.pool.lock:
+        func_parts = dumps_or_explain(self.shared.serializer, func, f"the function given to {what}")
+        with self.shared.lock:
             known = self._function_ids.get(id(func_parts))
             if known is not None and known[0] is func_parts:
                 bid = known[1]
@@ -98,10 +98,10 @@ class Dispatch:
     def add_chunks(self, batch: Batch, cut: list[tuple[int, list[Any]]]) -> None:
         """Queue chunks (index, payload) of ``batch`` and hand them out in one pump: a worker
         gets the chunks meant for it in one frame."""
-        with self.pool.lock:
-            if self.pool.state == TERMINATE:
+        with self.shared.lock:
+            if self.shared.state == TERMINATE:
                 raise ValueError("Pool not running")
-            failure = self.pool.supervision.task_error
+            failure = self.shared.task_error
             if failure is None:
                 for index, payload in cut:
                     chunk = Chunk(next(self._cids), batch, index, payload)
@@ -121,7 +121,7 @@ class Dispatch:
     def submit_iterable(self, batch: Batch, kind: int, iterable: Iterable[Any], chunksize: int,
                         on_length: Callable[[int], None] | None, lazy: bool) -> None:
         """Cut ``iterable`` into chunks and queue them, here or in a feeder thread."""
-        pool = self.pool
+        shared = self.shared
 
         def feed() -> None:
             index = 0
@@ -132,7 +132,7 @@ class Dispatch:
             try:
                 for items in chunked(iterable, chunksize):
                     try:
-                        payload = dumps_or_explain(pool.serializer, items, f"an item of {batch.name}")
+                        payload = dumps_or_explain(shared.serializer, items, f"an item of {batch.name}")
                     except SerializationError as exc:  # as multiprocessing: raised by get(),
                         original = exc.__cause__ if isinstance(exc.__cause__, Exception) else exc
                         if original is not exc:  # the pickling error itself, with the explanation
@@ -157,24 +157,24 @@ class Dispatch:
             except Exception as exc:
                 if not lazy:
                     raise
-                if pool.state == TERMINATE:
+                if shared.state == TERMINATE:
                     return
                 self.fail_chunk_now(batch, index, exc)
                 index += 1
             finally:
                 if lazy:
-                    with pool.lock:
+                    with shared.lock:
                         self.feeders -= 1
-                        pool.changed.notify_all()
+                        shared.changed.notify_all()
             if on_length is not None:
                 on_length(index)
 
         if not lazy:
             feed()
             return
-        with pool.lock:
+        with shared.lock:
             self.feeders += 1
-        threading.Thread(target=feed, name=f"{pool.name}-feed", daemon=True).start()
+        threading.Thread(target=feed, name=f"{shared.name}-feed", daemon=True).start()
 
     def work_left(self) -> bool:
         """Whether chunks are outstanding or still to come (lock held)."""
@@ -183,8 +183,8 @@ class Dispatch:
     # -- handing out (lock held) ------------------------------------------------------------
     def _capacity(self, w: WorkerSlot) -> int:
         room = self.prefetch - len(w.pending)
-        if self.pool.maxtasks is not None:
-            room = min(room, self.pool.maxtasks - w.sent)
+        if self.shared.settings.maxtasks is not None:
+            room = min(room, self.shared.settings.maxtasks - w.sent)
         return room
 
     def classify(self, w: WorkerSlot) -> None:
@@ -203,9 +203,17 @@ class Dispatch:
             w.in_room = True
             self.room_q.append(w)
 
-    def forget(self, w: WorkerSlot) -> None:
-        """``w`` is gone: no more chunks are stolen from it (lock held)."""
+    def forget(self, w: WorkerSlot) -> list[Chunk]:
+        """``w`` is gone: no more chunks go to it or are stolen from it; the chunks it held,
+        which the caller requeues or fails (lock held)."""
         self.prefetched.discard(w)
+        pending = list(w.pending.values())
+        w.pending.clear()
+        return pending
+
+    def queued(self) -> int:
+        """Chunks waiting for a worker (lock held)."""
+        return len(self.queue)
 
     def _next_worker(self) -> WorkerSlot | None:
         """Idle workers first (work spreads); when packing, workers with work and room first.
@@ -249,7 +257,7 @@ class Dispatch:
 
     def pump(self) -> None:
         """Hand queued chunks to workers with room, idle workers first; then steal if needed."""
-        if self.pool.state == TERMINATE:
+        if self.shared.state == TERMINATE:
             return
         sends: dict[WorkerSlot, list[tuple[int, list[Any]]]] = {}
         while self.queue:
@@ -266,7 +274,7 @@ class Dispatch:
             w.sent += 1
             chunk.last_worker = w
             self.classify(w)
-        channel = self.pool.channel
+        channel = self.shared.channel
         for w, messages in sends.items():
             try:
                 channel.send(messages, w.peer)
@@ -284,7 +292,7 @@ class Dispatch:
                 w.steal_sent = True
                 budget -= 1
                 try:
-                    self.pool.channel.send([(P.STEAL, [])], w.peer)
+                    self.shared.channel.send([(P.STEAL, [])], w.peer)
                 except TransportError:
                     pass
 
@@ -316,11 +324,11 @@ class Dispatch:
         if chunk is None or chunk.done:
             return  # a duplicate: the chunk's first result already won
         self._note_time(micros)
-        if not ok and chunk.errors < self.pool.error_retries and self.pool.state != TERMINATE:
+        if not ok and chunk.errors < self.shared.settings.error_retries and self.shared.state != TERMINATE:
             # error_handling (the original fiber's resilient pool): the function raised; run
             # the chunk again, a bounded number of times, before its error is the result.
             chunk.errors += 1
-            self.pool.stats["rerun_after_error"] += 1
+            self.shared.stats["rerun_after_error"] += 1
             self.requeue_front([chunk])
             return
         chunk.done = True
@@ -330,13 +338,13 @@ class Dispatch:
         """Chunks ``w`` gave back unstarted (after STEAL or STOP) go to the queue's front."""
         back = [w.pending.pop(cid) for cid in cids if cid in w.pending]
         w.sent -= len(back)
-        self.pool.stats["stolen_chunks"] += len(back)
+        self.shared.stats["stolen_chunks"] += len(back)
         self.requeue_front(back)
 
     def deliver(self, chunk: Chunk, ok: bool, parts: list[Any]) -> None:
         """Unpickle a result and hand it to its result object (lock not held)."""
         try:
-            value = self.pool.serializer.loads(parts)
+            value = self.shared.serializer.loads(parts)
         except Exception as exc:
             ok, value = False, SerializationError(
                 f"the result of task {chunk.index} of {chunk.batch.name} arrived but could not be "
@@ -349,13 +357,13 @@ class Dispatch:
         try:
             chunk.batch.sink._set(chunk.index, ok, value)
         finally:
-            with self.pool.lock:
+            with self.shared.lock:
                 self.chunks.pop(chunk.cid, None)
-                self.pool.changed.notify_all()
+                self.shared.changed.notify_all()
 
     def fail(self, chunk: Chunk, exc: BaseException) -> None:
         """Fail ``chunk`` with ``exc`` unless it has an outcome already (lock not held)."""
-        with self.pool.lock:
+        with self.shared.lock:
             if chunk.done:
                 return
             chunk.done = True

@@ -12,8 +12,13 @@
   resize, retire, kill.
 - :mod:`~fibercore.pool.supervision`: deaths, retries, start-failure backoff, a broken
   pool, autoscaling; its own thread.
-- this module: the pool's endpoint, its one lock, the dispatcher thread that routes
+- :mod:`~fibercore.pool.shared`: what every room reads (name, lock, life, health, settings).
+- this module: makes the rooms and wires them, runs the dispatcher thread that routes
   each worker message to its room, and the pool's life (close, join, terminate).
+
+The rooms form a DAG: shared <- dispatch <- fleet <- supervision <- scheduler. Each
+is given the rooms below it and calls their methods; the fleet tells supervision of a
+refused job through a callback wired here.
 
 Lock rule: one RLock (``lock``, with the condition ``changed``) guards the state of
 all three rooms, because a message usually changes two of them at once (a RESULT
@@ -41,6 +46,7 @@ from fibercore.pool.records import (
     Chunk,
     WorkerSlot,
 )
+from fibercore.pool.shared import PoolSettings, PoolShared
 from fibercore.pool.supervision import Supervision
 from fibercore.process import Process
 from fibercore.runtime import get_runtime
@@ -57,29 +63,25 @@ class Scheduler:
                  min_size: int | None = None, max_size: int | None = None, idle_timeout: float = 10.0,
                  error_retries: int = 0) -> None:
         rt = get_runtime()
-        self.rt = rt
-        self.serializer = rt.serializer
+        settings = PoolSettings(
+            initializer=initializer, initargs=initargs, maxtasks=maxtasks, resources=resources,
+            retries=retries, error_retries=error_retries,
+            start_timeout=float(rt.config.get("start_timeout")),
+            start_concurrency=int(rt.config.get("pool_start_concurrency") or 0))
+        self.shared = shared = PoolShared(name, rt.listen("router", service="pool"), rt.serializer, settings,
+                                          session=rt.session, backend=str(rt.backend))
         self.name = name
-        self.initializer = initializer
-        self.initargs = initargs
-        self.maxtasks = maxtasks
-        self.resources = resources
-        self.retries = retries
-        #: Times a chunk whose function raised is run again before the error is its result.
-        self.error_retries = error_retries
-        self.channel = rt.listen("router", service="pool")
-        self.address = self.channel.address
-        self.lock = threading.RLock()
-        self.changed = threading.Condition(self.lock)
-        self.state = RUN
-        #: Set once join() let the workers go (or terminate()): nothing is started again.
-        self.finished = False
-        self.stats = {"retried_chunks": 0, "replaced_workers": 0, "stolen_chunks": 0, "rerun_after_error": 0}
+        self.serializer = shared.serializer
+        self.channel = shared.channel
+        self.address = shared.address
+        self.lock = shared.lock
+        self.changed = shared.changed
+        self.stats = shared.stats
 
-        self.dispatch = Dispatch(self)
-        self.supervision = Supervision(self, min_size, max_size, idle_timeout)
-        self.fleet = Fleet(self, processes, float(rt.config.get("start_timeout")),
-                           int(rt.config.get("pool_start_concurrency") or 0))
+        self.dispatch = Dispatch(shared)
+        self.fleet = Fleet(shared, self.dispatch, processes,
+                           on_launch_failed=self._launch_failed, on_resized=self._resized)
+        self.supervision = Supervision(shared, self.fleet, self.dispatch, min_size, max_size, idle_timeout)
         self.channel.on_peer_event(self.supervision.peer_event)
         self._dispatcher = threading.Thread(target=self._serve, name=f"{name}-dispatch", daemon=True)
         with self.lock:
@@ -87,11 +89,26 @@ class Scheduler:
         self._dispatcher.start()
         self.supervision.start()
 
+    @property
+    def state(self) -> str:
+        return self.shared.state
+
+    @property
+    def finished(self) -> bool:
+        return self.shared.finished
+
+    # -- what the fleet tells supervision (wired here: the fleet does not hold supervision) ----
+    def _launch_failed(self, w: WorkerSlot) -> None:
+        self.supervision.launch_failed(w)
+
+    def _resized(self) -> None:
+        self.supervision.wake()
+
     # -- what the Pool calls ---------------------------------------------------------------
     def check_running(self) -> None:
         if self.state != RUN:
             raise ValueError("Pool not running")
-        broken = self.supervision.broken
+        broken = self.shared.broken
         if broken is not None:
             raise type(broken)(str(broken)) from broken  # the same error each call, a new traceback
 
@@ -134,7 +151,7 @@ class Scheduler:
     def _handle_frame(self, messages: list[tuple[int, list[Any]]], peer: Hashable) -> None:
         deliveries: list[tuple[Chunk, bool, list[Any]]] = []
         with self.lock:
-            w = self.fleet.by_peer.get(peer)
+            w = self.fleet.slot_for(peer)
             for op, parts in messages:
                 try:
                     w = self._handle_message(op, parts, peer, w, deliveries)
@@ -154,7 +171,7 @@ class Scheduler:
         elif op == P.READY:
             w = self.fleet.on_ready(int(bytes(parts[0])), peer)
         elif op == P.INITFAIL:
-            failed = self.fleet.workers.get(int(bytes(parts[0])))
+            failed = self.fleet.slot(int(bytes(parts[0])))
             if failed is not None:
                 self.supervision.on_initfail(failed, bytes(parts[1]).decode(errors="replace"), parts[2:])
         elif w is None:
@@ -170,8 +187,8 @@ class Scheduler:
     # -- the pool's life ----------------------------------------------------------------------
     def close(self) -> None:
         with self.lock:
-            if self.state == RUN:
-                self.state = CLOSE
+            if self.shared.state == RUN:
+                self.shared.state = CLOSE
                 self.changed.notify_all()
 
     def join(self, timeout: float | None = None) -> None:
@@ -180,12 +197,12 @@ class Scheduler:
         if self.state == TERMINATE:  # terminate() already killed and waited for every job
             return
         with self.changed:
-            while self.state == CLOSE and self.dispatch.work_left() and self.supervision.broken is None:
+            while self.state == CLOSE and self.dispatch.work_left() and self.shared.broken is None:
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     return
                 self.changed.wait(0.2 if remaining is None else min(0.2, remaining))
-            self.finished = True
+            self.shared.finished = True
             workers = self.fleet.retire_all()
         for w in workers:
             if w.process is None or not w.launched:
@@ -203,8 +220,8 @@ class Scheduler:
         with self.lock:
             if self.state == TERMINATE:
                 return
-            self.state = TERMINATE
-            workers = list(self.fleet.workers.values())
+            self.shared.state = TERMINATE
+            workers = self.fleet.slots()
             pending = self.dispatch.drop_all()
         for w in workers:
             w.killed_by_pool = True
@@ -220,7 +237,7 @@ class Scheduler:
         self._shutdown()
 
     def _shutdown(self) -> None:
-        self.finished = True
+        self.shared.finished = True
         self.supervision.wake()
         self.channel.close()
         self.fleet.stop_launching(wait=False)

@@ -11,8 +11,11 @@
 * The adaptive mode (``min_processes``/``max_processes``) moves the target with the
   backlog.
 
-Lock rules: ``broken``, ``failures_in_a_row`` and ``next_spawn_at`` change under the
-pool's lock; ``events`` is appended to from any thread without it (a deque) and
+Collaborators: the pool's :class:`~fibercore.pool.shared.PoolShared` (``broken`` and
+``task_error`` are set here), the fleet and the dispatch, through their methods.
+
+Lock rules: ``broken``, ``task_error`` and the fleet's backoff change under the pool's
+lock; ``events`` is appended to from any thread without it (a deque) and
 drained by the supervisor thread, which also owns the adaptive fields. Backend calls
 (job status, kill, join, logs) run in this thread without the lock.
 """
@@ -42,7 +45,9 @@ from fibercore.pool.records import (
 from fibercore.util import debug_enabled, describe_exit, log_tail
 
 if TYPE_CHECKING:
-    from fibercore.pool.scheduler import Scheduler
+    from fibercore.pool.dispatch import Dispatch
+    from fibercore.pool.fleet import Fleet
+    from fibercore.pool.shared import PoolShared
 
 log = logging.getLogger("fibercore.pool")
 
@@ -65,22 +70,18 @@ def likely_cause(code: int | None) -> str:
 class Supervision:
     """Notices dead and failed workers, reruns their tasks, backs off, autoscales."""
 
-    def __init__(self, pool: Scheduler, min_size: int | None, max_size: int | None,
-                 idle_timeout: float) -> None:
-        self.pool = pool
-        #: Why nothing can run (the initializer raises, jobs never start); None while healthy.
-        self.broken: BaseException | None = None
-        #: The error tasks of a broken pool fail with (``broken``, or the user's own exception).
-        self.task_error: BaseException | None = None
-        self.failures_in_a_row = 0
-        self.next_spawn_at = 0.0
+    def __init__(self, shared: PoolShared, fleet: Fleet, dispatch: Dispatch, min_size: int | None,
+                 max_size: int | None, idle_timeout: float) -> None:
+        self.shared = shared
+        self.fleet = fleet
+        self.dispatch = dispatch
         self.min_size = min_size
         self.max_size = max_size
         self.idle_timeout = idle_timeout
         self._low_since: float | None = None
         self._events: deque[tuple[str, Any]] = deque()
         self._wake = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"{pool.name}-supervise", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"{shared.name}-supervise", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
@@ -100,32 +101,22 @@ class Supervision:
         self._events.append(("launch_failed", w))
         self._wake.set()
 
-    # -- the backoff (lock held) --------------------------------------------------------------
-    def worker_ready(self) -> None:
-        self.failures_in_a_row = 0
-
-    def may_start_jobs(self) -> bool:
-        return time.monotonic() >= self.next_spawn_at
-
-    def clear_backoff(self) -> None:
-        self.next_spawn_at = 0.0
-
     # -- the supervisor thread ----------------------------------------------------------------
     def _run(self) -> None:
-        pool = self.pool
+        shared, fleet = self.shared, self.fleet
         last_poll = 0.0
         poll_every = 0.1
         while True:
             self._wake.wait(poll_every)
             self._wake.clear()
-            if pool.state == TERMINATE or pool.finished:
+            if shared.state == TERMINATE or shared.finished:
                 return
             try:
                 while self._events:
                     kind, what = self._events.popleft()
                     if kind == "lost":
-                        with pool.lock:
-                            w = pool.fleet.by_peer.get(what)
+                        with shared.lock:
+                            w = fleet.slot_for(what)
                         if w is not None:
                             self.worker_gone(w, "its connection to the pool closed")
                     elif kind == "launch_failed":
@@ -137,29 +128,29 @@ class Supervision:
                     self._poll_workers(now)
                 if self.min_size is not None or self.max_size is not None:
                     self._autoscale(now)
-                with pool.lock:
-                    pool.fleet.maintain()
+                with shared.lock:
+                    fleet.maintain()
             except Exception:
-                log.exception("%s: supervisor error (the pool keeps going)", pool.name)
+                log.exception("%s: supervisor error (the pool keeps going)", shared.name)
 
     def _poll_interval(self) -> float:
         """How often job states are polled: often while jobs start (their start deadline) or
         the pool adapts its size; once a second when it only waits (a job that dies closes
         its connection, which wakes this thread at once), so an idle pool costs no CPU."""
-        pool = self.pool
-        fleet = pool.fleet
+        fleet = self.fleet
         if self.min_size is not None or self.max_size is not None:
             return 0.1
-        with pool.lock:
-            settled = fleet.ready_count() == len(fleet.workers)  # none starts, retires or leaves
-            size = len(fleet.workers)
+        with self.shared.lock:
+            slots = fleet.slots()
+            settled = all(w.state == READY for w in slots)  # none starts, retires or leaves
+            size = len(slots)
         if not settled:
             return 0.1 if size <= 64 else 0.5
         return 1.0
 
     def _poll_workers(self, now: float) -> None:
-        with self.pool.lock:
-            workers = [w for w in self.pool.fleet.workers.values() if w.state != DEAD and w.process is not None]
+        with self.shared.lock:
+            workers = [w for w in self.fleet.slots() if w.state != DEAD and w.process is not None]
         for w in workers:
             if not w.process.launched:  # type: ignore[union-attr]
                 continue
@@ -171,21 +162,20 @@ class Supervision:
                 else:
                     self.worker_gone(w, f"its job ended ({describe_exit(code)})")
             elif w.state == STARTING and now > w.deadline:
-                self.start_failed(w, f"it did not join the pool within {self.pool.fleet.start_timeout:.0f} s "
+                self.start_failed(w, f"it did not join the pool within {self.fleet.start_timeout:.0f} s "
                                      "(start_timeout)")
 
     def worker_gone(self, w: WorkerSlot, why: str) -> None:
         """``w`` died: its chunks go back to the queue (or fail after their retries), the
         fleet starts a replacement."""
-        pool, fleet, dispatch = self.pool, self.pool.fleet, self.pool.dispatch
-        with pool.lock:
+        shared, fleet, dispatch = self.shared, self.fleet, self.dispatch
+        retries = shared.settings.retries
+        with shared.lock:
             was = fleet.mark_dead(w)
             if was is None:
                 return
-            fleet.by_peer.pop(w.peer, None)
-            dispatch.forget(w)
-            pending = list(w.pending.values())
-            w.pending.clear()
+            fleet.disconnect(w)
+            pending = dispatch.forget(w)
         if w.poll() is None:
             fleet.kill(w)
         if w.process is not None and w.process.launched:
@@ -193,28 +183,28 @@ class Supervision:
             w.exitcode = w.process.exitcode
         clean = was in (LEAVING, RETIRING) and not pending
         failed: list[Chunk] = []
-        with pool.lock:
+        with shared.lock:
             fleet.remove(w)
             fleet.settled(w)
-            if not clean and pool.state != TERMINATE:
+            if not clean and shared.state != TERMINATE:
                 log.warning("%s: worker %s is gone (%s; %s); %d task chunk(s) go back to the queue",
-                            pool.name, w.name, why, describe_exit(w.exitcode), len(pending))
-                pool.stats["replaced_workers"] += 1
+                            shared.name, w.name, why, describe_exit(w.exitcode), len(pending))
+                shared.stats["replaced_workers"] += 1
             requeue = []
             for chunk in pending:
                 if chunk.done:
                     continue
                 if not w.killed_by_pool:
                     chunk.attempts += 1
-                if chunk.attempts > pool.retries:
+                if chunk.attempts > retries:
                     failed.append(chunk)
                 else:
                     requeue.append(chunk)
-            pool.stats["retried_chunks"] += len(requeue)
+            shared.stats["retried_chunks"] += len(requeue)
             dispatch.requeue_front(requeue)
             fleet.maintain()
             dispatch.pump()
-            pool.changed.notify_all()
+            shared.changed.notify_all()
         if failed:
             logs = self._logs(w)
             for chunk in failed:
@@ -222,15 +212,15 @@ class Supervision:
                 err = WorkerLostError(
                     f"{what} of {chunk.batch.name} {'were' if what.startswith('items') else 'was'} "
                     f"lost: its worker {w.name} ({self._job_name(w)}) died ({why}; "
-                    f"{describe_exit(w.exitcode)}), and it had already been retried {pool.retries} "
-                    f"time(s) on fresh workers (max_task_retries={pool.retries}). "
-                    f"{likely_cause(w.exitcode)}\n  session: {pool.rt.session}\n  last worker's logs:\n{logs}"
+                    f"{describe_exit(w.exitcode)}), and it had already been retried {retries} "
+                    f"time(s) on fresh workers (max_task_retries={retries}). "
+                    f"{likely_cause(w.exitcode)}\n  session: {shared.session}\n  last worker's logs:\n{logs}"
                 )
                 dispatch.fail(chunk, err)
 
     def _job_name(self, w: WorkerSlot) -> str:
         job = w.process.job if w.process is not None else None
-        return f"job {job.jid} on {self.pool.rt.backend}" if job is not None else "no job"
+        return f"job {job.jid} on {self.shared.backend}" if job is not None else "no job"
 
     def _logs(self, w: WorkerSlot) -> str:
         if w.process is None:
@@ -244,14 +234,14 @@ class Supervision:
     def start_failed(self, w: WorkerSlot, what: str) -> None:
         """``w``'s job never joined: back off before the next start, or break the pool when
         starts keep failing and nothing runs."""
-        pool, fleet = self.pool, self.pool.fleet
-        with pool.lock:
+        shared, fleet = self.shared, self.fleet
+        with shared.lock:
             was = fleet.mark_dead(w)
             if was is None:
                 return
-            fleet.workers.pop(w.wid, None)
+            fleet.remove(w)
             fleet.settled(w)
-        if was == RETIRING or self.broken is not None:
+        if was == RETIRING or shared.broken is not None:
             return
         fleet.kill(w)
         if w.process is not None and w.process.launched:
@@ -260,25 +250,24 @@ class Supervision:
             err = w.launch_error
         else:  # pragma: no cover - a slot without a job
             err = JobStartError(f"{w.name} failed to start: {what}")
-        with pool.lock:
-            self.failures_in_a_row += 1
-            k = self.failures_in_a_row
+        with shared.lock:
+            k = fleet.backoff.failed()
             if isinstance(err, BackendUnavailableError) and fleet.ready_count() == 0:
                 # Not a job's failure: no job can start until the backend is set up.
                 self.break_pool(err, "no worker can start", same_kind=True)
                 return
-            log.warning("%s: worker %s failed to start: %s", pool.name, w.name, what)
+            log.warning("%s: worker %s failed to start: %s", shared.name, w.name, what)
             if fleet.ready_count() == 0 and k >= max(3, fleet.target):
                 self.break_pool(err, f"{k} worker jobs in a row failed to start and none is running")
                 return
-            self.next_spawn_at = time.monotonic() + min(5.0, 0.25 * 2 ** min(k, 5))
+            fleet.backoff.wait_before_next()
 
     def on_initfail(self, w: WorkerSlot, text: str, parts: list[Any]) -> None:
         """``w``'s initializer raised: the pool cannot run anything (lock held)."""
         from multiprocessing.pool import RemoteTraceback  # type: ignore[attr-defined]
 
         try:
-            exc = self.pool.serializer.loads(parts)
+            exc = self.shared.serializer.loads(parts)
         except Exception as load_error:
             exc = ProcessError(f"the pool initializer raised (and its exception could not be unpickled: {load_error})")
         exc.__cause__ = RemoteTraceback(text)
@@ -291,36 +280,36 @@ class Supervision:
         Tasks get a ProcessError that says why and carries the cause, or the cause
         itself when it is the user's own exception (``deliver_cause``).
         """
-        pool = self.pool
-        with pool.lock:
-            if self.broken is not None:
+        shared, fleet = self.shared, self.fleet
+        with shared.lock:
+            if shared.broken is not None:
                 return
             kind = type(exc) if same_kind and isinstance(exc, ProcessError) else ProcessError
-            self.broken = kind(f"{pool.name} cannot run tasks: {why}: {exc}")
-            self.broken.__cause__ = exc if debug_enabled() or not same_kind else None
+            broken = kind(f"{shared.name} cannot run tasks: {why}: {exc}")
+            broken.__cause__ = exc if debug_enabled() or not same_kind else None
+            shared.broken = broken
             if not deliver_cause:
-                exc = self.broken
-            self.task_error = exc  # what every task gets, including ones submitted from now on
-            pending = list(pool.dispatch.chunks.values())
-            pool.dispatch.queue.clear()
-            workers = list(pool.fleet.workers.values())
+                exc = broken
+            shared.task_error = exc  # what every task gets, including ones submitted from now on
+            pending = self.dispatch.drop_all()
+            workers = fleet.slots()
         if not same_kind:  # a setup error is the tasks' own error: said once, by them
-            log.error("%s: cannot run tasks: %s", pool.name, why)
+            log.error("%s: cannot run tasks: %s", shared.name, why)
         for w in workers:
             w.killed_by_pool = True
-            pool.fleet.submit(pool.fleet.kill, w)
+            fleet.submit(fleet.kill, w)
         for chunk in pending:
-            pool.dispatch.fail(chunk, exc)
+            self.dispatch.fail(chunk, exc)
 
     def _autoscale(self, now: float) -> None:
-        pool, fleet = self.pool, self.pool.fleet
+        fleet = self.fleet
         lo = self.min_size if self.min_size is not None else 0
         hi = self.max_size if self.max_size is not None else max(fleet.target, lo)
-        with pool.lock:
-            if pool.state == TERMINATE:
+        with self.shared.lock:
+            if self.shared.state == TERMINATE:
                 return
-            busy = sum(1 for w in fleet.workers.values() if w.state == READY and w.pending)
-            want = max(lo, min(hi, busy + len(pool.dispatch.queue)))
+            busy = sum(1 for w in fleet.slots() if w.state == READY and w.pending)
+            want = max(lo, min(hi, busy + self.dispatch.queued()))
             if want > fleet.target:
                 self._low_since = None
                 fleet.resize(want)

@@ -1,0 +1,89 @@
+"""The middle layer's rooms form a DAG and keep to their own state (read from the AST).
+
+* The pool's rooms import each other only downwards: shared <- dispatch <- fleet <-
+  supervision <- scheduler <- api (type-only imports included: holding a room above is
+  the cycle this forbids).
+* No room changes a collection that another object owns: ``other.attr.pop(...)``,
+  ``other.attr[k] = v`` or ``del other.attr[k]`` are found wherever ``other`` is not
+  ``self``. A room asks the owner's method instead (``fleet.remove(w)``, ``dispatch.forget(w)``).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+POOL = Path(__file__).resolve().parents[1] / "fibercore" / "pool"
+#: Each room, with the rooms it may import (lower in the DAG). ``records`` and ``protocol``
+#: are plain data and codes, below every room.
+ORDER = ["shared", "dispatch", "fleet", "supervision", "scheduler", "api"]
+DATA = {"records", "protocol", "worker", "progress", "results"}
+MUTATORS = {"pop", "popleft", "popitem", "clear", "append", "appendleft", "extend", "extendleft",
+            "insert", "remove", "discard", "add", "update", "setdefault"}
+#: Records whose fields the rooms share by design (their owner is named in records.py):
+#: a worker slot's pending table belongs to dispatch, which is the only room that changes it.
+SHARED_RECORDS = {"w", "chunk", "slot"}
+
+
+def pool_imports(module: str) -> set[str]:
+    """The pool modules ``module`` imports, at run time or for type checking."""
+    tree = ast.parse((POOL / f"{module}.py").read_text())
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("fibercore.pool."):
+            found.add(node.module.rsplit(".", 1)[1])
+        elif isinstance(node, ast.ImportFrom) and node.module == "fibercore.pool":
+            found.update(alias.name for alias in node.names)
+    return found - DATA
+
+
+@pytest.mark.parametrize("room", ORDER)
+def test_a_pool_room_imports_only_rooms_below_it(room: str) -> None:
+    below = set(ORDER[: ORDER.index(room)])
+    above = pool_imports(room) - below
+    assert not above, f"fibercore/pool/{room}.py imports {sorted(above)}, which are not below it in {ORDER}"
+
+
+def foreign_mutations(source: str) -> list[str]:
+    """Each change of another object's collection, as 'line N: code'."""
+    found = []
+
+    def owner_of(node: ast.expr) -> ast.expr | None:
+        """For ``x.attr`` (the collection), the ``x`` when it is not ``self``."""
+        if isinstance(node, ast.Attribute):
+            base = node.value
+            if isinstance(base, ast.Name) and base.id in ({"self"} | SHARED_RECORDS):
+                return None
+            return base
+        return None
+
+    for node in ast.walk(ast.parse(source)):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in MUTATORS
+                and owner_of(node.func.value) is not None):
+            found.append(f"line {node.lineno}: {ast.unparse(node)}")
+        targets: list[ast.expr] = []
+        if isinstance(node, (ast.Assign, ast.AugAssign)):
+            targets = list(node.targets) if isinstance(node, ast.Assign) else [node.target]
+        elif isinstance(node, ast.Delete):
+            targets = list(node.targets)
+        for target in targets:
+            if isinstance(target, ast.Subscript) and owner_of(target.value) is not None:
+                found.append(f"line {node.lineno}: {ast.unparse(node).splitlines()[0]}")
+    return found
+
+
+@pytest.mark.parametrize("room", ORDER)
+def test_no_pool_room_changes_another_rooms_collections(room: str) -> None:
+    found = foreign_mutations((POOL / f"{room}.py").read_text())
+    # shared.stats is the one collection every room counts into, under the pool's lock.
+    found = [f for f in found if "stats[" not in f]
+    assert not found, f"fibercore/pool/{room}.py changes collections it does not own:\n" + "\n".join(found)
+
+
+def test_the_checker_sees_what_it_forbids() -> None:
+    bad = "def f(pool, fleet):\n    fleet.workers.pop(1)\n    pool.dispatch.queue.clear()\n    fleet.by_peer[1] = 2\n"
+    assert len(foreign_mutations(bad)) == 3
+    good = "def f(self, w):\n    self.queue.clear()\n    w.pending.pop(1)\n    self.fleet.remove(w)\n"
+    assert foreign_mutations(good) == []
