@@ -1,8 +1,9 @@
 """The middle layer's rooms form a DAG and keep to their own state (read from the AST).
 
 * The pool's rooms import each other only downwards: shared <- dispatch <- fleet <-
-  supervision <- scheduler <- api (type-only imports included: holding a room above is
-  the cycle this forbids).
+  supervision <- scheduler <- api; so do the pipe's: inbox <- home <- memory, network <-
+  readiness <- ``fibercore/connection.py`` (type-only imports included: holding a room
+  above is the cycle this forbids).
 * No room changes a collection that another object owns: ``other.attr.pop(...)``,
   ``other.attr[k] = v`` or ``del other.attr[k]`` are found wherever ``other`` is not
   ``self``. A room asks the owner's method instead (``fleet.remove(w)``, ``dispatch.forget(w)``).
@@ -15,11 +16,13 @@ from pathlib import Path
 
 import pytest
 
-POOL = Path(__file__).resolve().parents[1] / "fibercore" / "pool"
-#: Each room, with the rooms it may import (lower in the DAG). ``records`` and ``protocol``
-#: are plain data and codes, below every room.
+FIBERCORE = Path(__file__).resolve().parents[1] / "fibercore"
+POOL = FIBERCORE / "pool"
+#: Each package's rooms, lowest first: a room may import only rooms before it. Plain data and
+#: codes (``records``, ``protocol``; the pipes' ops in ``__init__``) are below every room.
 ORDER = ["shared", "dispatch", "fleet", "supervision", "scheduler", "api"]
 DATA = {"records", "protocol", "worker", "progress", "results"}
+PIPES = ["inbox", "home", "memory", "network", "readiness", "connection"]
 MUTATORS = {"pop", "popleft", "popitem", "clear", "append", "appendleft", "extend", "extendleft",
             "insert", "remove", "discard", "add", "update", "setdefault"}
 #: Records whose fields the rooms share by design (their owner is named in records.py):
@@ -27,16 +30,23 @@ MUTATORS = {"pop", "popleft", "popitem", "clear", "append", "appendleft", "exten
 SHARED_RECORDS = {"w", "chunk", "slot"}
 
 
-def pool_imports(module: str) -> set[str]:
-    """The pool modules ``module`` imports, at run time or for type checking."""
-    tree = ast.parse((POOL / f"{module}.py").read_text())
+def package_imports(path: Path, package: str, data: set[str]) -> set[str]:
+    """The modules of ``package`` (and ``fibercore.connection``) the file imports, at run
+    time or for type checking, leaving out plain data."""
+    tree = ast.parse(path.read_text())
     found = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("fibercore.pool."):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(f"{package}."):
             found.add(node.module.rsplit(".", 1)[1])
-        elif isinstance(node, ast.ImportFrom) and node.module == "fibercore.pool":
+        elif isinstance(node, ast.ImportFrom) and node.module == package:
             found.update(alias.name for alias in node.names)
-    return found - DATA
+        elif isinstance(node, ast.ImportFrom) and node.module == "fibercore.connection":
+            found.add("connection")
+    return found - data
+
+
+def pool_imports(module: str) -> set[str]:
+    return package_imports(POOL / f"{module}.py", "fibercore.pool", DATA)
 
 
 @pytest.mark.parametrize("room", ORDER)
@@ -44,6 +54,14 @@ def test_a_pool_room_imports_only_rooms_below_it(room: str) -> None:
     below = set(ORDER[: ORDER.index(room)])
     above = pool_imports(room) - below
     assert not above, f"fibercore/pool/{room}.py imports {sorted(above)}, which are not below it in {ORDER}"
+
+
+@pytest.mark.parametrize("room", PIPES)
+def test_a_pipe_room_imports_only_rooms_below_it(room: str) -> None:
+    path = FIBERCORE / ("connection.py" if room == "connection" else f"pipes/{room}.py")
+    found = package_imports(path, "fibercore.pipes", {"BYTES", "CLOSE", "OBJ"})
+    above = found - set(PIPES[: PIPES.index(room)])
+    assert not above, f"{path.relative_to(FIBERCORE.parent)} imports {sorted(above)}, not below it in {PIPES}"
 
 
 def foreign_mutations(source: str) -> list[str]:
@@ -74,12 +92,12 @@ def foreign_mutations(source: str) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("room", ORDER)
-def test_no_pool_room_changes_another_rooms_collections(room: str) -> None:
-    found = foreign_mutations((POOL / f"{room}.py").read_text())
+@pytest.mark.parametrize("room", [f"pool/{r}" for r in ORDER] + [f"pipes/{r}" for r in PIPES[:-1]] + ["connection"])
+def test_no_room_changes_another_rooms_collections(room: str) -> None:
+    found = foreign_mutations((FIBERCORE / f"{room}.py").read_text())
     # shared.stats is the one collection every room counts into, under the pool's lock.
     found = [f for f in found if "stats[" not in f]
-    assert not found, f"fibercore/pool/{room}.py changes collections it does not own:\n" + "\n".join(found)
+    assert not found, f"fibercore/{room}.py changes collections it does not own:\n" + "\n".join(found)
 
 
 def test_the_checker_sees_what_it_forbids() -> None:

@@ -352,7 +352,7 @@ def live_endpoints():
     manager = mp.Manager()
     d = manager.dict()
     from fibercore import admin
-    from fibercore.connection import _homes
+    from fibercore.pipes.home import homes as _homes
 
     a.send("connect")  # the pipe's home listens from now on
     endpoints = {
