@@ -14,6 +14,7 @@ from fibercore.errors import (
     AbandonedLockWarning,
     AuthenticationError,
     BrokenBarrierError,
+    CancelledError,
     ConfigError,
     FiberError,
     JobStartError,
@@ -32,6 +33,7 @@ from fibercore.types import Job, JobSpec, JobStatus, Option
 if TYPE_CHECKING:  # imported on first use below; a worker job only pays for what it uses
     from fibercore.connection import Connection
     from fibercore.context import FiberContext
+    from fibercore.futures import Executor, as_completed, wait
     from fibercore.pool import Pool
     from fibercore.queues import JoinableQueue, Queue, SimpleQueue
     from fibercore.ring import Ring
@@ -57,6 +59,10 @@ _LAZY: dict[str, tuple[str, str]] = {
     "JoinableQueue": ("fibercore.queues", "JoinableQueue"),
     "SimpleQueue": ("fibercore.queues", "SimpleQueue"),
     "sync": ("fibercore.sync", ""),
+    "futures": ("fibercore.futures", ""),
+    "Executor": ("fibercore.futures", "Executor"),
+    "wait": ("fibercore.futures", "wait"),
+    "as_completed": ("fibercore.futures", "as_completed"),
     **{
         name: ("fibercore.context", f"_default_context.{name}")
         for name in (
@@ -148,8 +154,10 @@ __all__ = [
     "RawValue",
     "Semaphore",
     "Value",
+    "CancelledError",
     "ConfigError",
     "Connection",
+    "Executor",
     "FiberContext",
     "FiberError",
     "Job",
@@ -172,6 +180,7 @@ __all__ = [
     "TimeoutError",
     "WorkerLostError",
     "active_children",
+    "as_completed",
     "allow_connection_pickling",
     "get_config",
     "cpu_count",
@@ -195,4 +204,5 @@ __all__ = [
     "set_start_method",
     "shared",
     "unregister_plugin",
+    "wait",
 ]

@@ -6,6 +6,7 @@ catches, so `except multiprocessing.ProcessError` keeps working after the import
 
 from __future__ import annotations
 
+import concurrent.futures
 import multiprocessing
 import threading
 
@@ -50,6 +51,10 @@ class WorkerLostError(ProcessError):
 
 class TimeoutError(multiprocessing.TimeoutError, FiberError):
     """An operation did not finish in time."""
+
+
+class CancelledError(concurrent.futures.CancelledError, FiberError):
+    """The task was cancelled (``AsyncResult.cancel()``, ``Future.cancel()``) before it finished."""
 
 
 class AuthenticationError(multiprocessing.AuthenticationError, FiberError):

@@ -5,6 +5,10 @@ both (the pool's own results, which fill chunk by chunk, are in :mod:`fibercore.
 Same behaviour as ``multiprocessing.pool.ApplyResult``: the producer calls
 ``_set(index, ok, value)`` once; callbacks run in the producer's thread; ``get(timeout)``
 raises :class:`fibercore.TimeoutError` (a ``multiprocessing.TimeoutError``).
+
+Beyond multiprocessing: ``cancel()`` (when its producer can cancel: a Pool's task) and
+done callbacks, which :func:`fibercore.wait` and :func:`fibercore.as_completed` use to
+wait on many results at once without polling.
 """
 
 from __future__ import annotations
@@ -43,6 +47,12 @@ class ApplyResult(Generic[T]):
         self._success = False
         self._value: Any = None
         self._progress: Progress | None = None  # a tqdm bar (pool/progress.py), off by default
+        #: Set by the producer when the call can be cancelled: ``canceller(running)`` -> cancelled?
+        #: (``running`` False: only while no worker holds the call.)
+        self._canceller: Callable[[bool], bool] | None = None
+        self._cancelled = False
+        self._done_lock = threading.Lock()
+        self._done_callbacks: list[Callable[[ApplyResult[Any]], object]] = []
 
     def ready(self) -> bool:
         """True once the call has completed (successfully or not)."""
@@ -67,13 +77,51 @@ class ApplyResult(Generic[T]):
             return self._value
         raise self._value
 
+    def cancel(self) -> bool:
+        """Cancel the call: a queued task never runs; a running one's worker is stopped (and
+        replaced) and ``get()`` raises :class:`fibercore.CancelledError`. False when the
+        call had finished already or cannot be cancelled (a manager's call on its server)."""
+        return self._cancel(running=True)
+
+    def _cancel(self, running: bool) -> bool:
+        if self.ready() or self._canceller is None:
+            return False
+        if not self._canceller(running):
+            return False
+        self._cancelled = True
+        return True
+
+    def _cancel_queued(self) -> bool:
+        """Cancel the call only if no worker holds it yet (``shutdown(cancel_futures=True)``)."""
+        return self._cancel(running=False)
+
+    def cancelled(self) -> bool:
+        """Whether :meth:`cancel` cancelled this call."""
+        return self._cancelled
+
+    def _add_done_callback(self, fn: Callable[[ApplyResult[Any]], object]) -> None:
+        """Run ``fn(self)`` once the result is ready (now, if it is), in the producer's thread."""
+        with self._done_lock:
+            if not self._event.is_set():
+                self._done_callbacks.append(fn)
+                return
+        _call(fn, self, "done callback")
+
+    def _finish(self) -> None:
+        """The result is ready: wake ``get()``, then the done callbacks."""
+        with self._done_lock:
+            self._event.set()
+            callbacks, self._done_callbacks = self._done_callbacks, []
+        for fn in callbacks:
+            _call(fn, self, "done callback")
+
     def _set(self, index: int, ok: bool, value: Any) -> None:
         self._success, self._value = ok, value
         if ok and self._callback is not None:
             _call(self._callback, value, "callback")
         if not ok and self._error_callback is not None:
             _call(self._error_callback, value, "error_callback")
-        self._event.set()
+        self._finish()
 
     __class_getitem__: Any = classmethod(types.GenericAlias)
 

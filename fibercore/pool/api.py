@@ -8,6 +8,7 @@ size grows and shrinks the pool while it runs.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import time
@@ -165,6 +166,7 @@ class Pool:
         self._check_func(func)
         result: ApplyResult[Any] = ApplyResult(callback, error_callback)
         batch = core.new_batch(P.APPLY, func, result, "apply")
+        result._canceller = functools.partial(core.cancel, batch)
         payload = dumps_or_explain(core.serializer, (func, tuple(args), dict(kwds or {})),
                                    f"the call of {batch.name}")
         core.add_chunk(batch, 0, payload)
@@ -197,6 +199,7 @@ class Pool:
             result._show(bar)
         if length:
             batch = core.new_batch(kind, func, result, what)
+            result._canceller = functools.partial(core.cancel, batch)
             core.submit_iterable(batch, kind, iterable, chunksize, None, lazy=False)
         return result
 

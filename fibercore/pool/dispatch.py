@@ -101,7 +101,7 @@ class Dispatch:
         with self.shared.lock:
             if self.shared.state == TERMINATE:
                 raise ValueError("Pool not running")
-            failure = self.shared.task_error
+            failure = self.shared.task_error or batch.cancelled
             if failure is None:
                 for index, payload in cut:
                     chunk = Chunk(next(self._cids), batch, index, payload)
@@ -368,6 +368,26 @@ class Dispatch:
                 return
             chunk.done = True
         self.settle(chunk, False, exc)
+
+    def cancel(self, batch: Batch, exc: BaseException, running: bool) -> tuple[list[Chunk], list[WorkerSlot]] | None:
+        """Cancel ``batch``'s outstanding chunks (lock held): they are marked done (the pump
+        skips a done chunk), and chunks still to be cut fail with ``exc``. Returns them, and
+        the workers holding some, which the caller stops. With ``running`` False nothing
+        changes when a worker holds one (None)."""
+        outstanding = [c for c in self.chunks.values() if c.batch is batch and not c.done]
+        held = [c for c in outstanding if c.last_worker is not None and c.cid in c.last_worker.pending]
+        if held and not running:
+            return None
+        batch.cancelled = exc
+        workers: dict[int, WorkerSlot] = {}
+        for chunk in outstanding:
+            chunk.done = True
+        for chunk in held:
+            w = chunk.last_worker
+            assert w is not None
+            w.pending.pop(chunk.cid, None)
+            workers[w.wid] = w
+        return outstanding, list(workers.values())
 
     def drop_all(self) -> list[Chunk]:
         """Empty the queue; the chunks still without an outcome (lock held)."""

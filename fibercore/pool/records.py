@@ -24,7 +24,7 @@ RUN, CLOSE, TERMINATE = "running", "closed", "terminated"
 class Batch:
     """One map/apply call: its function (pickled once) and the object its results go to."""
 
-    __slots__ = ("bid", "kind", "func_parts", "sink", "name")
+    __slots__ = ("bid", "kind", "func_parts", "sink", "name", "cancelled")
 
     def __init__(self, bid: int, kind: int, func_parts: list[Any] | None, sink: Any, name: str) -> None:
         self.bid = bid
@@ -32,6 +32,7 @@ class Batch:
         self.func_parts = func_parts
         self.sink = sink
         self.name = name
+        self.cancelled: BaseException | None = None  # the error its chunks fail with once cancelled
 
 
 class Chunk:
@@ -73,6 +74,7 @@ class WorkerSlot:
         self.launched = False  # handed to the backend (see Fleet.start_concurrency)
         self.settled = False  # ready, failed or gone since its launch
         self.killed_by_pool = False
+        self.stopped_for_cancel = False  # killed because a task it held was cancelled
         self.exitcode: int | None = None
 
     @property

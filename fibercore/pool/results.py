@@ -66,7 +66,7 @@ class MapResult(ApplyResult[list[Any]]):
             _call(self._callback, self._value, "callback")
         if not self._success and self._error_callback is not None:
             _call(self._error_callback, self._value, "error_callback")
-        self._event.set()
+        self._finish()
 
 
 class IMapIterator(Iterator[Any]):

@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable, Hashable, Iterable
 from typing import Any
 
-from fibercore.errors import ProcessError, TransportError
+from fibercore.errors import CancelledError, ProcessError, TransportError
 from fibercore.pool import protocol as P
 from fibercore.pool.dispatch import Dispatch
 from fibercore.pool.fleet import Fleet
@@ -121,6 +121,27 @@ class Scheduler:
     def submit_iterable(self, batch: Batch, kind: int, iterable: Iterable[Any], chunksize: int,
                         on_length: Callable[[int], None] | None, lazy: bool) -> None:
         self.dispatch.submit_iterable(batch, kind, iterable, chunksize, on_length, lazy)
+
+    def cancel(self, batch: Batch, running: bool = True) -> bool:
+        """Cancel what is left of ``batch``: queued chunks never run; a worker holding one is
+        killed (its other chunks go back to the queue, uncounted) and replaced. With
+        ``running`` False, only a batch no worker holds yet is cancelled. True when
+        something was cancelled."""
+        with self.lock:
+            if self.state == TERMINATE:
+                return False
+            got = self.dispatch.cancel(batch, CancelledError(f"{batch.name} was cancelled"), running)
+            if not got or not got[0]:
+                return False
+            chunks, workers = got
+            for w in workers:
+                w.killed_by_pool = True
+                w.stopped_for_cancel = True
+        for w in workers:
+            self.fleet.submit(self.fleet.kill, w)
+        for chunk in chunks:
+            self.dispatch.settle(chunk, False, CancelledError(f"task {chunk.index} of {batch.name} was cancelled"))
+        return True
 
     @property
     def target(self) -> int:

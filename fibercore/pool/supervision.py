@@ -186,7 +186,10 @@ class Supervision:
         with shared.lock:
             fleet.remove(w)
             fleet.settled(w)
-            if not clean and shared.state != TERMINATE:
+            if w.stopped_for_cancel:
+                log.debug("%s: worker %s stopped for a cancelled task; %d other chunk(s) go back to the queue",
+                          shared.name, w.name, len(pending))
+            elif not clean and shared.state != TERMINATE:
                 log.warning("%s: worker %s is gone (%s; %s); %d task chunk(s) go back to the queue",
                             shared.name, w.name, why, describe_exit(w.exitcode), len(pending))
                 shared.stats["replaced_workers"] += 1
