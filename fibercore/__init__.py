@@ -34,6 +34,7 @@ if TYPE_CHECKING:  # imported on first use below; a worker job only pays for wha
     from fibercore.connection import Connection
     from fibercore.context import FiberContext
     from fibercore.futures import Executor, as_completed, wait
+    from fibercore.paramserver import ParameterServer
     from fibercore.pool import Pool
     from fibercore.queues import JoinableQueue, Queue, SimpleQueue
     from fibercore.ring import Ring
@@ -63,6 +64,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "Executor": ("fibercore.futures", "Executor"),
     "wait": ("fibercore.futures", "wait"),
     "as_completed": ("fibercore.futures", "as_completed"),
+    "ParameterServer": ("fibercore.paramserver", "ParameterServer"),
     **{
         name: ("fibercore.context", f"_default_context.{name}")
         for name in (
@@ -168,6 +170,7 @@ __all__ = [
     "JoinableQueue",
     "Manager",
     "Option",
+    "ParameterServer",
     "Pipe",
     "Pool",
     "Process",

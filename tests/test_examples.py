@@ -61,6 +61,24 @@ def test_process_pool_executor_with_fibercores_context(tmp_path):
     assert {"2**10 = 1024", "2**20 = 1048576", "2**30 = 1073741824"} <= set(out.splitlines())
 
 
+def test_parameter_server_sgd_on_cartpole_in_its_three_modes(tmp_path):
+    out = run(EXAMPLES / "paramserver_cartpole.py", "--workers", "3", "--rounds", "8", cwd=tmp_path)
+    initial = float(re.search(r"initial policy return: ([\d.]+)", out).group(1))
+    rows = re.findall(r"^(BSP|bounded|async) .*?([\d.]+)\s+(\d+)\s+([\d.]+)$", out, re.M)
+    assert [r[0] for r in rows] == ["BSP", "bounded", "async"], out
+    versions = {r[0]: int(r[2]) for r in rows}
+    assert versions == {"BSP": 8, "bounded": 24, "async": 24}, out  # a round each, a gradient each
+    finals = [float(r[3]) for r in rows]
+    assert all(f > initial for f in finals) and max(finals) > 100, out
+
+
+def test_pycma_through_the_executor_improves(tmp_path):
+    pytest.importorskip("cma")
+    out = run(EXAMPLES / "executor_cma.py", "--dim", "6", "--workers", "2", "--iterations", "15", cwd=tmp_path)
+    first, final = map(float, re.search(r"first population's best ([\d.]+), final best ([\d.]+)", out).groups())
+    assert final < first, out
+
+
 @pytest.mark.parametrize("name, expect", [
     ("quickstart.py", r"pi"),
     ("pool_progress.py", r"500"),

@@ -126,6 +126,9 @@ def spray(port: int, canary: str) -> None:
     try:  # the real handshake with a wrong key, then a frame as if authenticated
         with _connect(port) as s:
             hello = _read_hello(s)
+            if not hello.startswith(MAGIC):  # not the built-in transport: attack it in its own protocol
+                _spray_nng(port, evil)
+                return
             hs = Authenticator(b"w" * 32, "router").dialer("attacker")
             reply = hs.feed(hello)
             s.sendall(_record(reply) + _record(evil))
@@ -134,6 +137,36 @@ def spray(port: int, canary: str) -> None:
     except (OSError, AssertionError) as exc:
         if isinstance(exc, AssertionError):
             raise
+
+
+def _spray_nng(port: int, evil: bytes) -> None:
+    """fiber-nng's listeners, attacked as an nng peer would: its front socket (Rep0) greeted
+    as a dialer does, then a wrong-key proof, a pickle as the proof and a pickle as the
+    greeting; and a Pair0 dialling the front socket with a pickle. Every proof is refused
+    (the outer test checks that nothing was unpickled)."""
+    pynng = pytest.importorskip("pynng")
+    address = f"tcp://127.0.0.1:{port}"
+    try:
+        with pynng.Req0(dial=address, recv_timeout=2000, send_timeout=2000) as req:
+            req.send(b"FIBER-NNG-1 HELLO?")  # the plugin's greeting (its protocol is public)
+            hello = req.recv()
+            if hello != b"BUSY":
+                proof = Authenticator(b"w" * 32, "router").dialer("attacker").feed(hello)
+                assert proof is not None
+                req.send(proof)
+                assert req.recv() == b"REFUSED", "the listener accepted a wrong-key proof"
+                req.send(evil)
+                assert req.recv() in (b"REFUSED", b"BUSY")
+        with pynng.Req0(dial=address, recv_timeout=2000, send_timeout=2000) as req:
+            req.send(evil)
+            assert req.recv() in (b"REFUSED", b"BUSY")
+    except pynng.Timeout:
+        pass  # a peer's data socket (Pair0): nng refuses a Req0 there; it gets a Pair0 below
+    with pynng.Pair0(dial=address, send_timeout=500) as pair:  # the wrong protocol: nng refuses it
+        try:
+            pair.send(evil)
+        except pynng.Timeout:
+            pass
 
 
 def hold_connections(ports: list[int], count: int) -> list[socket.socket]:

@@ -31,6 +31,7 @@
 from __future__ import annotations
 
 import collections
+import heapq
 import itertools
 import logging
 import os
@@ -110,6 +111,10 @@ class SyncService:
         self._boxes_lock = threading.Lock()
         self._parked_by: collections.Counter[Hashable] = collections.Counter()
         self._local_ids = itertools.count(1)
+        self._timers: list[tuple[float, int, Callable[[], None]]] = []  # (when, order, fn): a heap
+        self._timers_cv = threading.Condition()
+        self._timer_ids = itertools.count()
+        self._timer_thread: threading.Thread | None = None
         self.channel.on_peer_event(self._peer_event)
         threading.Thread(target=self._serve, name="fiber-sync", daemon=True).start()
 
@@ -149,6 +154,34 @@ class SyncService:
             oid = self.released.popleft()
             if oid not in self.pinned:
                 self.objects.pop(oid, None)
+
+    def call_later(self, delay: float, fn: Callable[[], None]) -> None:
+        """Run ``fn`` under the service's lock after ``delay`` seconds (a state's time limit);
+        the answers it gives are sent at once. One timer thread serves every call."""
+        with self._timers_cv:
+            heapq.heappush(self._timers, (time.monotonic() + max(0.0, delay), next(self._timer_ids), fn))
+            if self._timer_thread is None:
+                self._timer_thread = threading.Thread(target=self._run_timers, name="fiber-sync-timers",
+                                                      daemon=True)
+                self._timer_thread.start()
+            self._timers_cv.notify()
+
+    def _run_timers(self) -> None:
+        while True:
+            with self._timers_cv:
+                while not self._timers or self._timers[0][0] > time.monotonic():
+                    self._timers_cv.wait(None if not self._timers else self._timers[0][0] - time.monotonic())
+                _, _, fn = heapq.heappop(self._timers)
+            with self.lock:
+                try:
+                    fn()
+                except Exception:
+                    log.exception("sync service: a timed operation failed")
+            self._flush()
+
+    def name_of(self, peer: Hashable) -> str:
+        """How a connected process introduced itself ("Process-3 (pid 41 on node-7)")."""
+        return "this process" if peer == LOCAL else self.names.get(peer, f"a process connected as {peer!r}")
 
     # -- calls ----------------------------------------------------------------------------------
     def _invoke(self, w: Waiter, oid: int, method: str, args: tuple[Any, ...]) -> Any:

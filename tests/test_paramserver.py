@@ -1,0 +1,309 @@
+"""The parameter server's semantics: BSP, bounded staleness, asynchronous; late gradients;
+workers joining, leaving and dying. Real worker jobs for the behaviour, and hypothesis
+driving random schedules against the rules' state machine directly."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from collections import defaultdict
+
+import numpy as np
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+import fibercore as mp
+from fibercore.paramserver.rules import ParamState, mean, sgd
+from fibercore.sync.states import ERROR, PARKED, RETURN, Waiter
+from tests import ps_tasks as T
+
+
+def run_processes(ps, target, argsets, timeout=120):
+    procs = [mp.Process(target=target, args=(ps, *args)) for args in argsets]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout)
+    assert [p.exitcode for p in procs] == [0] * len(procs)
+
+
+# -- BSP ---------------------------------------------------------------------------------------
+
+
+def test_bsp_every_version_holds_every_gradient_of_its_round():
+    ps = mp.ParameterServer({"w": np.zeros(4)}, staleness=0, lr=1.0, workers=3)
+    log = mp.Queue()
+    run_processes(ps, T.rounds, [(i, 20, 0.0, log) for i in range(3)])
+    pulls = [log.get(timeout=10) for _ in range(60)]
+    # Round r is pulled at version r, whose parameters are r rounds of the mean of 1, 2, 3.
+    assert all(version == r for _wid, r, version, _w0 in pulls)
+    assert all(w0 == -2.0 * r for _wid, r, _version, w0 in pulls)
+    params, version = ps.params()
+    assert version == 20 and np.array_equal(params["w"], np.full(4, -40.0))
+    stats = ps.stats()
+    assert stats["pushed"] == stats["applied"] == 60 and stats.get("dropped_late", 0) == 0
+    assert ps.members() == {}  # each process left as it ended
+
+
+def test_a_pull_that_must_wait_times_out_and_is_withdrawn():
+    ps = mp.ParameterServer({"w": np.zeros(2)}, staleness=0, lr=1.0)
+    other = mp.Process(target=T.rounds, args=(ps, 1, 0))  # joins nobody: 0 rounds
+    other.start()
+    other.join(30)
+    ps.pull()
+    ps.push({"w": np.ones(2)})  # alone: the round closes at once
+    assert ps.version == 1
+    ps.join()
+    # A second member that never pushes keeps the round open: this thread's pull must wait.
+    q = mp.Queue()
+    member = mp.Process(target=T.pid_then_rounds, args=(ps, q, 5, 1, 30.0))
+    member.start()
+    pid = q.get(timeout=60)
+    deadline = time.monotonic() + 30
+    while len(ps.members()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    ps.pull()
+    ps.push({"w": np.ones(2)})
+    started = time.monotonic()
+    with pytest.raises(mp.TimeoutError):
+        ps.pull(timeout=0.3)
+    assert time.monotonic() - started < 2
+    os.kill(pid, signal.SIGKILL)  # the member dies: its round goes on without it
+    params, version = ps.pull(timeout=30)
+    assert version == 2
+    member.join(10)
+
+
+def test_a_late_gradient_is_dropped_reported_and_the_round_goes_on(caplog):
+    ps = mp.ParameterServer({"w": np.zeros(4)}, staleness=0, lr=1.0, time_limit=0.5, workers=3)
+    results = mp.Queue()
+
+    started = time.monotonic()
+    procs = [mp.Process(target=_report, args=(results, T.straggle, ps, i, 4, 1 if i == 2 else -1, 2.5))
+             for i in range(3)]
+    with caplog.at_level(logging.WARNING, logger="fibercore.paramserver"):
+        for p in procs:
+            p.start()
+        got = dict(results.get(timeout=120) for _ in procs)
+        for p in procs:
+            p.join(30)
+    assert got[0] == got[1] == [True] * 4
+    assert got[2] == [True, False, True, True]  # its round-1 gradient came after the round closed
+    stats = ps.stats()
+    assert stats["dropped_late"] == 1 and stats["rounds_timed_out"] >= 1
+    assert any(e[0] == "late" for e in ps.history()) and any(e[0] == "drop" for e in ps.history())
+    assert "time_limit" in caplog.text and "dropped a late gradient" in caplog.text
+    assert time.monotonic() - started < 30
+
+
+def _report(results, fn, ps, wid, *args):
+    results.put((wid, fn(ps, wid, *args)))
+
+
+def test_a_sigkilled_worker_does_not_block_the_next_version():
+    ps = mp.ParameterServer({"w": np.zeros(4)}, staleness=0, lr=1.0, workers=3)
+    q = mp.Queue()
+    procs = [mp.Process(target=T.pid_then_rounds, args=(ps, q, i, 60, 0.02)) for i in range(3)]
+    for p in procs:
+        p.start()
+    pids = [q.get(timeout=60) for _ in procs]
+    while ps.version < 5:
+        time.sleep(0.02)
+    os.kill(pids[0], signal.SIGKILL)
+    killed_at, version = time.monotonic(), ps.version
+    _, later = ps.params(newer_than=version + 2, timeout=5)  # no time limit: noticed by the connection
+    assert later > version + 2 and time.monotonic() - killed_at < 5
+    for p in procs:
+        p.join(60)
+    assert [p.exitcode for p in procs][1:] == [0, 0]
+    assert ps.stats()["members_lost"] == 1
+
+
+def test_pool_tasks_join_and_leave_through_a_resize_and_a_killed_worker(tmp_path):
+    ps = mp.ParameterServer({"w": np.zeros(4)}, staleness=0, lr=1.0)
+    with mp.Pool(3, max_task_retries=2) as pool:
+        first = pool.starmap(T.task_rounds, [(ps, i, 5) for i in range(3)], chunksize=1)
+        assert all(len(seen) == 5 for seen in first)
+        pool.resize(2)
+        second = pool.starmap(T.task_rounds, [(ps, i, 5) for i in range(2)], chunksize=1)
+        assert all(len(seen) == 5 for seen in second)
+        # A worker SIGKILLed mid-round: its task runs again on a fresh worker, which joins.
+        third = pool.starmap(T.task_rounds_die_once, [(ps, i, 8, str(tmp_path / "died")) for i in range(2)],
+                             chunksize=1)
+        assert all(len(seen) == 8 for seen in third)
+    assert ps.members() == {}
+    versions = [e[1] for e in ps.history() if e[0] == "version"]
+    assert versions == sorted(versions) and versions[-1] == ps.version
+
+
+# -- bounded staleness and asynchronous -----------------------------------------------------------
+
+
+def replay_clock_gaps(history):
+    """From the event log: for each pull, the puller's round minus the slowest member's."""
+    clocks: dict[str, int] = {}
+    gaps = []
+    for e in history:
+        if e[0] == "join":
+            clocks[e[1]] = e[2]
+        elif e[0] == "push":
+            clocks[e[1]] = e[2] + 1
+        elif e[0] == "late":
+            clocks[e[1]] = e[2] + 1
+        elif e[0] == "leave":
+            clocks.pop(e[1], None)
+        elif e[0] == "pull":
+            gaps.append(e[2] - min(clocks.values()))
+    return gaps
+
+
+def test_bounded_staleness_keeps_every_worker_within_s_rounds_of_the_slowest():
+    ps = mp.ParameterServer({"w": np.zeros(4)}, staleness=2, lr=0.1, workers=3)
+    run_processes(ps, T.rounds, [(0, 15, 0.0), (1, 15, 0.02), (2, 15, 0.08)])
+    gaps = replay_clock_gaps(ps.history())
+    assert max(gaps) <= 2
+    assert max(gaps) == 2  # the fast ones did run ahead: not BSP
+    assert ps.stats()["applied"] == 45 and ps.version == 45
+
+
+def test_asynchronous_mode_applies_every_gradient_exactly_once():
+    n, workers = 10, 3
+    ps = mp.ParameterServer({"w": np.zeros(n * workers)}, staleness=-1, lr=1.0)
+    run_processes(ps, T.one_hot_pushes, [(i, n, n * workers) for i in range(workers)])
+    params, version = ps.params()
+    assert np.array_equal(params["w"], np.full(n * workers, -1.0))
+    assert version == n * workers and ps.stats()["applied"] == n * workers
+
+
+def test_bad_input_gets_one_clear_line():
+    with pytest.raises(ValueError, match="staleness must be 0"):
+        mp.ParameterServer({"w": np.zeros(2)}, staleness=-2)
+    with pytest.raises(TypeError, match="dict of named arrays"):
+        mp.ParameterServer([np.zeros(2)])  # type: ignore[arg-type]
+    ps = mp.ParameterServer({"w": np.zeros(2)})
+    with pytest.raises(KeyError, match="no parameter named 'v'"):
+        ps.push({"v": np.zeros(2)})
+    with pytest.raises(ValueError, match="has shape \\(3,\\), the parameter \\(2,\\)"):
+        ps.push({"w": np.zeros(3)})
+    params, _ = ps.pull()
+    with pytest.raises(ValueError, match="read-only"):
+        params["w"][0] = 1.0  # the server's own array, in its own process
+
+
+# -- random schedules against the rules ----------------------------------------------------------
+
+
+class Schedules(RuleBasedStateMachine):
+    """Workers act in a random order on the state machine itself (fake peers, a fake clock):
+    nothing deadlocks, no call is answered twice, and the mode's rule holds at every step."""
+
+    WORKERS = 4
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.now = 0.0
+        self.timers: list[tuple[float, object]] = []
+        self.state: ParamState | None = None
+        self.answers: dict[int, list] = defaultdict(list)
+        self.waiting: dict[int, tuple[str, Waiter]] = {}  # worker -> its parked call
+        self.next_op: dict[int, str] = {}
+        self.gone: set[int] = set()
+        self.accepted: list[tuple[int, float]] = []  # (round, gradient) of each accepted push
+
+    @rule(staleness=st.sampled_from([0, 1, 2, -1]), limit=st.sampled_from([None, 1.0]))
+    @precondition(lambda self: self.state is None)
+    def make(self, staleness, limit):
+        self.state = ParamState({"w": np.zeros(2)}, staleness, mean, sgd(1.0), limit,
+                                call_later=lambda d, fn: self.timers.append((self.now + d, fn)),
+                                name_of=lambda peer: f"W{peer}", clock=lambda: self.now)
+        self.next_op = {i: "pull" for i in range(self.WORKERS)}
+
+    def _call(self, i: int, op: str, *args):
+        w = Waiter((i, 1), lambda kind, value, i=i: self.answers[i].append((op, kind, value)))
+        answer = getattr(self.state, "op_" + op)(w, *args)
+        if answer is PARKED:
+            self.waiting[i] = (op, w)
+        else:
+            w.finish(RETURN, answer)
+
+    @rule(i=st.integers(0, WORKERS - 1))
+    @precondition(lambda self: self.state is not None)
+    def act(self, i):
+        if i in self.gone or i in self.waiting:
+            return
+        op = self.next_op[i]
+        if op == "pull":
+            self._call(i, "pull")
+        else:
+            self._call(i, "push", {"w": np.full(2, float(i + 1))})
+
+    @rule(i=st.integers(0, WORKERS - 1), abrupt=st.booleans())
+    @precondition(lambda self: self.state is not None)
+    def lose(self, i, abrupt):
+        if i in self.gone:
+            return
+        self.gone.add(i)
+        self.waiting.pop(i, None)
+        self.state.peer_lost(i, f"W{i}", abrupt)
+
+    @rule(dt=st.sampled_from([0.3, 1.1]))
+    @precondition(lambda self: self.state is not None)
+    def tick(self, dt):
+        self.now += dt
+        due = [t for t in self.timers if t[0] <= self.now]
+        self.timers = [t for t in self.timers if t[0] > self.now]
+        for _, fn in due:
+            fn()
+
+    @invariant()
+    def answers_follow_the_rules(self):
+        s = self.state
+        if s is None:
+            return
+        for i, answers in self.answers.items():
+            while answers:
+                op, kind, value = answers.pop(0)
+                assert kind != ERROR, value
+                entry = self.waiting.get(i)
+                if entry is not None and entry[1].done:
+                    del self.waiting[i]
+                self.next_op[i] = "push" if op == "pull" else "pull"
+                member = s.members.get((i, 1))
+                if op == "pull" and s.staleness == 0 and member is not None:
+                    assert value[1] == member.clock == s.round  # BSP: the round's own version
+                if op == "push" and value is True:  # accepted: in its round (BSP), or applied now
+                    assert member is not None
+                    self.accepted.append((member.clock - 1, float(i + 1)))
+        for _i, (_op, w) in self.waiting.items():
+            assert not w.done, "answered but not delivered"
+        live = [i for i in range(self.WORKERS) if i not in self.gone and (i, 1) in s.members]
+        if s.staleness >= 0 and live:
+            clocks = [s.members[(i, 1)].clock for i in live]
+            assert max(clocks) - min(clocks) <= s.staleness + 1  # a push takes one past the bound at most
+            # No deadlock: some live member is not waiting, or may go on.
+            assert any(i not in self.waiting for i in live) or any(s._allowed(s.members[(i, 1)]) for i in live)
+
+    @invariant()
+    def the_parameters_hold_each_accepted_gradient_once(self):
+        s = self.state
+        if s is None:
+            return
+        if s.staleness == 0:  # the mean of each closed round's gradients
+            by_round: dict[int, list[float]] = defaultdict(list)
+            for r, g in self.accepted:
+                by_round[r].append(g)
+            expected = -sum(np.mean(by_round[r]) for r in range(s.round) if by_round[r])
+            assert s.version == sum(1 for r in range(s.round) if by_round[r])
+            assert s.stats["applied"] == sum(len(by_round[r]) for r in range(s.round))
+        else:  # each gradient applied once, as it came
+            expected = -sum(g for _r, g in self.accepted)
+            assert s.version == s.stats["applied"] == len(self.accepted)
+        assert np.allclose(s.params["w"], expected)
+
+
+TestSchedules = Schedules.TestCase
+TestSchedules.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
