@@ -69,3 +69,12 @@ def task_rounds_die_once(ps, wid: int, n: int, marker: str) -> list[tuple[int, i
                 os.kill(os.getpid(), signal.SIGKILL)
             ps.push({"w": np.full(4, wid + 1.0)})
         return seen
+
+
+def rounds_push_pull(ps, wid: int, n: int, log) -> None:
+    """As rounds(), in one request per round after the first pull."""
+    params, version = ps.pull(timeout=60)
+    for r in range(n):
+        log.put((wid, r, version, float(params["w"][0])))
+        params, version, accepted = ps.push_pull({"w": np.full(4, wid + 1.0)}, timeout=60)
+        assert accepted

@@ -30,6 +30,15 @@ def pool():
         yield p
 
 
+@pytest.fixture(scope="module")
+def sleepers():
+    """Three workers that take one task at a time (their tasks are long: no prefetching), so
+    that three tasks run at once."""
+    with mp.Pool(3) as p:
+        p.starmap(T.sleep_then, [(i, 0.1) for i in range(6)], chunksize=1)
+        yield p
+
+
 def wait_until(predicate, timeout=10.0):
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -40,8 +49,8 @@ def wait_until(predicate, timeout=10.0):
 # -- wait and as_completed -----------------------------------------------------------------
 
 
-def test_wait_returns_the_first_ready_in_input_order(pool):
-    results = [pool.apply_async(T.sleep_then, (i, s)) for i, s in enumerate([3.0, 0.1, 3.0])]
+def test_wait_returns_the_first_ready_in_input_order(sleepers):
+    results = [sleepers.apply_async(T.sleep_then, (i, s)) for i, s in enumerate([3.0, 0.1, 3.0])]
     started = time.monotonic()
     ready, not_ready = mp.wait(results, num_returns=1)
     assert time.monotonic() - started < 2.5
@@ -63,16 +72,16 @@ def test_wait_refuses_bad_arguments(pool):
     assert r.get(10) == 4
 
 
-def test_as_completed_yields_in_completion_order_and_times_out(pool):
-    results = [pool.apply_async(T.sleep_then, (i, s)) for i, s in enumerate([1.2, 0.1, 0.6])]
+def test_as_completed_yields_in_completion_order_and_times_out(sleepers):
+    results = [sleepers.apply_async(T.sleep_then, (i, s)) for i, s in enumerate([1.2, 0.1, 0.6])]
     assert [r.get() for r in mp.as_completed(results)] == [1, 2, 0]
-    slow = pool.apply_async(T.sleep_then, ("slow", 2.0))
-    fast = pool.apply_async(T.square, (3,))
+    slow = sleepers.apply_async(T.sleep_then, ("slow", 2.0))
+    fast = sleepers.apply_async(T.sleep_then, ("fast", 0.05))
     got = []
     with pytest.raises(mp.TimeoutError, match="1 of 2 results were not ready"):
-        for r in mp.as_completed([slow, fast], timeout=0.5):
+        for r in mp.as_completed([slow, fast], timeout=1.0):
             got.append(r.get())
-    assert got == [9] and slow.get(10) == "slow"
+    assert got == ["fast"] and slow.get(10) == "slow"
 
 
 def test_wait_mixes_pool_results_manager_calls_and_futures(pool):

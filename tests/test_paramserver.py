@@ -31,6 +31,13 @@ def run_processes(ps, target, argsets, timeout=120):
     assert [p.exitcode for p in procs] == [0] * len(procs)
 
 
+def eventually(predicate, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "not within the timeout"
+        time.sleep(0.02)
+
+
 # -- BSP ---------------------------------------------------------------------------------------
 
 
@@ -46,7 +53,16 @@ def test_bsp_every_version_holds_every_gradient_of_its_round():
     assert version == 20 and np.array_equal(params["w"], np.full(4, -40.0))
     stats = ps.stats()
     assert stats["pushed"] == stats["applied"] == 60 and stats.get("dropped_late", 0) == 0
-    assert ps.members() == {}  # each process left as it ended
+    eventually(lambda: ps.members() == {})  # each process left as it ended (its connection closed)
+
+
+def test_push_pull_gives_the_same_rounds_in_one_request_each():
+    ps = mp.ParameterServer({"w": np.zeros(4)}, staleness=0, lr=1.0, workers=3)
+    log = mp.Queue()
+    run_processes(ps, T.rounds_push_pull, [(i, 20, log) for i in range(3)])
+    pulls = [log.get(timeout=10) for _ in range(60)]
+    assert all(version == r and w0 == -2.0 * r for _wid, r, version, w0 in pulls)
+    assert ps.version == 20 and ps.stats()["applied"] == 60
 
 
 def test_a_pull_that_must_wait_times_out_and_is_withdrawn():
@@ -135,7 +151,7 @@ def test_pool_tasks_join_and_leave_through_a_resize_and_a_killed_worker(tmp_path
         third = pool.starmap(T.task_rounds_die_once, [(ps, i, 8, str(tmp_path / "died")) for i in range(2)],
                              chunksize=1)
         assert all(len(seen) == 8 for seen in third)
-    assert ps.members() == {}
+    eventually(lambda: ps.members() == {})
     versions = [e[1] for e in ps.history() if e[0] == "version"]
     assert versions == sorted(versions) and versions[-1] == ps.version
 
@@ -213,6 +229,7 @@ class Schedules(RuleBasedStateMachine):
         self.next_op: dict[int, str] = {}
         self.gone: set[int] = set()
         self.accepted: list[tuple[int, float]] = []  # (round, gradient) of each accepted push
+        self.pushed_for: dict[int, int] = {}  # worker -> the round its next push is for
 
     @rule(staleness=st.sampled_from([0, 1, 2, -1]), limit=st.sampled_from([None, 1.0]))
     @precondition(lambda self: self.state is None)
@@ -230,16 +247,16 @@ class Schedules(RuleBasedStateMachine):
         else:
             w.finish(RETURN, answer)
 
-    @rule(i=st.integers(0, WORKERS - 1))
+    @rule(i=st.integers(0, WORKERS - 1), together=st.booleans())
     @precondition(lambda self: self.state is not None)
-    def act(self, i):
+    def act(self, i, together):
         if i in self.gone or i in self.waiting:
             return
         op = self.next_op[i]
         if op == "pull":
             self._call(i, "pull")
-        else:
-            self._call(i, "push", {"w": np.full(2, float(i + 1))})
+        else:  # a push alone, or with the next pull in one request
+            self._call(i, "push_pull" if together else "push", {"w": np.full(2, float(i + 1))})
 
     @rule(i=st.integers(0, WORKERS - 1), abrupt=st.booleans())
     @precondition(lambda self: self.state is not None)
@@ -271,13 +288,17 @@ class Schedules(RuleBasedStateMachine):
                 entry = self.waiting.get(i)
                 if entry is not None and entry[1].done:
                     del self.waiting[i]
-                self.next_op[i] = "push" if op == "pull" else "pull"
+                self.next_op[i] = "pull" if op == "push" else "push"
                 member = s.members.get((i, 1))
-                if op == "pull" and s.staleness == 0 and member is not None:
-                    assert value[1] == member.clock == s.round  # BSP: the round's own version
-                if op == "push" and value is True:  # accepted: in its round (BSP), or applied now
+                accepted = value if op == "push" else value[2] if op == "push_pull" else None
+                if accepted is True:  # in its round (BSP), or applied at once
                     assert member is not None
-                    self.accepted.append((member.clock - 1, float(i + 1)))
+                    # the round it was for: its clock before the push (push_pull: before its pull too)
+                    self.accepted.append((self.pushed_for.pop(i), float(i + 1)))
+                if op in ("pull", "push_pull") and member is not None:
+                    self.pushed_for[i] = member.clock
+                    if s.staleness == 0:
+                        assert value[1] == member.clock == s.round  # BSP: the round's own version
         for _i, (_op, w) in self.waiting.items():
             assert not w.done, "answered but not delivered"
         live = [i for i in range(self.WORKERS) if i not in self.gone and (i, 1) in s.members]
@@ -289,19 +310,28 @@ class Schedules(RuleBasedStateMachine):
 
     @invariant()
     def the_parameters_hold_each_accepted_gradient_once(self):
+        """What the server logged as accepted is what the workers were told (but for answers
+        still on their way, and workers that left first), and the parameters hold exactly that."""
         s = self.state
         if s is None:
             return
+        logged = [(e[2], float(int(e[1].split()[0][1:]) + 1)) for e in s.history if e[0] == "push"]
+        told = sorted(self.accepted)
+        assert all(told.count(x) <= logged.count(x) for x in told)
+        lost = sorted(set(logged) - set(told))
+        for _r, g in lost:  # not told yet: its answer waits (a push_pull's pull), or it left
+            i = int(g) - 1
+            assert i in self.waiting or any(e[0] == "leave" and e[1] == f"W{i} thread 1" for e in s.history)
         if s.staleness == 0:  # the mean of each closed round's gradients
             by_round: dict[int, list[float]] = defaultdict(list)
-            for r, g in self.accepted:
+            for r, g in logged:
                 by_round[r].append(g)
             expected = -sum(np.mean(by_round[r]) for r in range(s.round) if by_round[r])
             assert s.version == sum(1 for r in range(s.round) if by_round[r])
             assert s.stats["applied"] == sum(len(by_round[r]) for r in range(s.round))
         else:  # each gradient applied once, as it came
-            expected = -sum(g for _r, g in self.accepted)
-            assert s.version == s.stats["applied"] == len(self.accepted)
+            expected = -sum(g for _r, g in logged)
+            assert s.version == s.stats["applied"] == len(logged)
         assert np.allclose(s.params["w"], expected)
 
 

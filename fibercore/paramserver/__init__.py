@@ -105,6 +105,12 @@ class ParameterServer(Handle):
         went on without it, ``time_limit``); waits while this worker is too far ahead."""
         return bool(self._call("push", dict(gradients), timeout=timeout, wait=True))
 
+    def push_pull(self, gradients: Mapping[str, Any], timeout: float | None = None) -> tuple[Params, int, bool]:
+        """``push`` then ``pull`` in one round trip (half the messages of the two calls):
+        ``(params, version, accepted)`` for this worker's next round."""
+        params, version, accepted = self._call("push_pull", dict(gradients), timeout=timeout, wait=True)
+        return self._answer(params), int(version), bool(accepted)
+
     def join(self) -> int:
         """Become a worker now (``pull`` and ``push`` join by themselves): this worker's round."""
         return int(self._call("join"))

@@ -223,6 +223,22 @@ class ParamState(State):
         self._wake()
         return accepted
 
+    def op_push_pull(self, w: Waiter, grads: Mapping[str, Any]) -> Any:
+        """A push, then this worker's next pull, in one request: (params, version, accepted)."""
+        self._check(grads)
+        m = self._member(w)
+        if m.late:
+            accepted = self._drop(m)
+        elif not self._allowed(m):
+            return self._park(w, "push_pull", grads)
+        else:
+            accepted = self._accept(m, grads)
+            self._settle()
+        self._wake()
+        if self._allowed(m):
+            return (*self._pulled(m), accepted)
+        return self._park(w, "pull", accepted)
+
     def _check(self, grads: Mapping[str, Any]) -> None:
         if not isinstance(grads, Mapping):
             raise TypeError(f"push() takes a dict of arrays named as the parameters ({sorted(self.params)}), "
@@ -370,10 +386,17 @@ class ParamState(State):
                     continue
                 elif op == "push" and m.late:
                     w.finish(RETURN, self._drop(m))
+                elif op == "push_pull" and m.late:  # dropped; its pull waits its turn
+                    keep.append((w, "pull", self._drop(m), entry[3]))
+                    again = True
                 elif not self._allowed(m, floor):
                     keep.append(entry)
                 elif op == "pull":
-                    w.finish(RETURN, self._pulled(m))
+                    w.finish(RETURN, self._pulled(m) if arg is None else (*self._pulled(m), arg))
+                elif op == "push_pull":
+                    keep.append((w, "pull", self._accept(m, arg), entry[3]))
+                    self._settle()
+                    again = True
                 else:
                     w.finish(RETURN, self._accept(m, arg))
                     self._settle()
