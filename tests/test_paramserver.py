@@ -337,3 +337,55 @@ class Schedules(RuleBasedStateMachine):
 
 TestSchedules = Schedules.TestCase
 TestSchedules.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+
+
+# -- large parameters: the board --------------------------------------------------------------
+
+
+def test_large_parameters_reach_workers_on_this_machine_through_the_board():
+    big = np.arange(300_000, dtype=np.float32)
+    ps = mp.ParameterServer({"w": np.zeros(4), "big": big}, staleness=0, lr=1.0, workers=3, share_from=1 << 20)
+    log = mp.Queue()
+    run_processes(ps, T.rounds, [(i, 10, 0.0, log) for i in range(3)])
+    pulls = [log.get(timeout=10) for _ in range(30)]
+    assert all(version == r and w0 == -2.0 * r for _wid, r, version, w0 in pulls)
+    assert ps.stats()["board_pulls"] == 30  # every pull of the three jobs: none carried 1.2 MB
+    board = ps._local_state().board
+    path = f"/dev/shm/{board.name}"
+    assert os.stat(path).st_mode & 0o777 == 0o600
+    params, version = ps.params()
+    assert version == 10 and np.array_equal(params["big"], big)  # no gradient for "big": unchanged
+
+
+def test_small_parameters_and_share_from_0_keep_to_the_connection():
+    small = mp.ParameterServer({"w": np.zeros(4)}, staleness=0, workers=1)  # below share_arrays_from
+    big = mp.ParameterServer({"w": np.zeros(4), "big": np.zeros(1 << 20)}, staleness=0, workers=1, share_from=0)
+    for ps in (small, big):
+        run_processes(ps, T.rounds, [(0, 3, 0.0)])
+        assert ps.stats().get("board_pulls", 0) == 0 and ps._local_state().board is None
+
+
+def test_a_board_slot_written_again_or_planted_is_not_read(tmp_path):
+    from fibercore.paramserver.board import SLOTS, Board, BoardRef
+
+    params = {"a": np.arange(10.0), "b": np.ones((2, 3), dtype=np.int32)}
+    board = Board(params)
+    try:
+        ref = board.ref(board.publish(0, params), 0)
+        got = ref.read()
+        assert got is not None and np.array_equal(got["a"], params["a"]) and np.array_equal(got["b"], params["b"])
+        newer = {"a": params["a"] + 1, "b": params["b"]}
+        board.publish(SLOTS, newer)  # the same slot, a later version: the old reference reads nothing
+        assert ref.read() is None
+        assert np.array_equal(board.ref(0, SLOTS).read()["a"], newer["a"])
+        assert BoardRef(board.name, b"x" * 16, board.size, board.slot_size, 0, SLOTS, board.layout).read() is None
+    finally:
+        board.close()
+    planted = "fcs-planted-ps-test"
+    with open(f"/dev/shm/{planted}", "wb") as f:  # readable by others: never used
+        f.write(board.tag + b"\0" * (board.size - 16))
+    os.chmod(f"/dev/shm/{planted}", 0o644)
+    try:
+        assert BoardRef(planted, board.tag, board.size, board.slot_size, 0, 0, board.layout).read() is None
+    finally:
+        os.unlink(f"/dev/shm/{planted}")

@@ -30,6 +30,7 @@ except ImportError as exc:  # pragma: no cover - numpy is in every environment t
     raise ImportError("fibercore.ParameterServer needs numpy: pip install 'fibercore[paramserver]' "
                       "(or numpy)") from exc
 
+from fibercore.paramserver.board import BoardRef, here
 from fibercore.paramserver.rules import Aggregate, Apply, Params, ParamState, mean, sgd
 from fibercore.sync.handles import Handle, _local, service
 
@@ -57,6 +58,9 @@ class ParameterServer(Handle):
     ones (S > 0), before the slow ones are left behind and their late gradients dropped.
     ``workers``: nothing starts before this many workers joined (so that the first rounds
     are not run by whoever came first); afterwards workers join and leave freely.
+    ``share_from``: parameters of at least this many bytes in all (default: the
+    ``share_arrays_from`` setting, 1 MiB) reach workers on the server's machine through a
+    shared-memory board, written once per version (0: never).
     """
 
     _state_kind = "ParameterServer"
@@ -64,7 +68,8 @@ class ParameterServer(Handle):
 
     def __init__(self, params: Mapping[str, Any], *, staleness: int = 0, lr: float = 0.01,
                  aggregate: Aggregate | None = None, apply: Apply | None = None,
-                 time_limit: float | None = None, workers: int | None = None) -> None:
+                 time_limit: float | None = None, workers: int | None = None,
+                 share_from: int | None = None) -> None:
         if not isinstance(params, Mapping) or not params:
             raise TypeError("ParameterServer takes a non-empty dict of named arrays, e.g. {'w': np.zeros(8)}")
         if not all(isinstance(k, str) for k in params):
@@ -77,11 +82,15 @@ class ParameterServer(Handle):
             raise ValueError(f"workers must be a positive int or None, not {workers!r}")
         if not isinstance(lr, numbers.Real):
             raise TypeError(f"lr must be a number, not {type(lr).__name__}")
+        if share_from is None:
+            from fibercore.runtime import get_runtime
+
+            share_from = int(get_runtime().config.get("share_arrays_from"))
         svc = service()
         self._staleness = staleness
         self._create(ParamState(params, staleness, aggregate or mean, apply or sgd(float(lr)),
                                 None if time_limit is None else float(time_limit), workers=workers or 0,
-                                call_later=svc.call_later, name_of=svc.name_of))
+                                share_from=max(0, int(share_from)), call_later=svc.call_later, name_of=svc.name_of))
 
     def _extra(self) -> tuple[Any, ...]:
         return (self._staleness,)
@@ -89,15 +98,24 @@ class ParameterServer(Handle):
     def _restore(self, extra: tuple[Any, ...]) -> None:
         self._staleness = int(extra[0])
 
-    def _answer(self, params: Params) -> Params:
-        return _read_only(params) if _local(self._address) is not None else params
+    def _answer(self, params: Params | BoardRef, version: int) -> tuple[Params, int]:
+        if isinstance(params, BoardRef):  # on the server's machine: read from the board
+            got = params.read()
+            if got is not None:
+                return got, version
+            return self.params()  # overwritten meanwhile: a newer version, by the connection
+        return (_read_only(params) if _local(self._address) is not None else params), version
+
+    def _where(self) -> str | None:
+        """This machine, for a remote call (the server may answer with the board)."""
+        return here() if _local(self._address) is None else None
 
     # -- workers -------------------------------------------------------------------------------
     def pull(self, timeout: float | None = None) -> tuple[Params, int]:
         """``(params, version)`` for this worker's next round; waits while it is too far
         ahead (``fibercore.TimeoutError`` after ``timeout``). The first call joins."""
-        params, version = self._call("pull", timeout=timeout, wait=True)
-        return self._answer(params), int(version)
+        params, version = self._call("pull", self._where(), timeout=timeout, wait=True)
+        return self._answer(params, int(version))
 
     def push(self, gradients: Mapping[str, Any], timeout: float | None = None) -> bool:
         """Hand in this worker's gradient for its round (a dict like the parameters, any
@@ -108,8 +126,10 @@ class ParameterServer(Handle):
     def push_pull(self, gradients: Mapping[str, Any], timeout: float | None = None) -> tuple[Params, int, bool]:
         """``push`` then ``pull`` in one round trip (half the messages of the two calls):
         ``(params, version, accepted)`` for this worker's next round."""
-        params, version, accepted = self._call("push_pull", dict(gradients), timeout=timeout, wait=True)
-        return self._answer(params), int(version), bool(accepted)
+        params, version, accepted = self._call("push_pull", dict(gradients), self._where(), timeout=timeout,
+                                               wait=True)
+        got, version = self._answer(params, int(version))
+        return got, version, bool(accepted)
 
     def join(self) -> int:
         """Become a worker now (``pull`` and ``push`` join by themselves): this worker's round."""
@@ -134,7 +154,7 @@ class ParameterServer(Handle):
     def params(self, newer_than: int | None = None, timeout: float | None = None) -> tuple[Params, int]:
         """``(params, version)`` without joining; with ``newer_than``, waits for a later version."""
         params, version = self._call("params", newer_than, timeout=timeout, wait=newer_than is not None)
-        return self._answer(params), int(version)
+        return self._answer(params, int(version))
 
     def stats(self) -> dict[str, Any]:
         """Counters: version, round, members, pushed, applied, dropped_late, late, rounds_timed_out..."""
@@ -147,6 +167,12 @@ class ParameterServer(Handle):
     def members(self) -> dict[str, int]:
         """Each worker's name and round."""
         return dict(self._call("members"))
+
+    def _local_state(self) -> ParamState:
+        """The state itself, in the creating process (for tests and debugging)."""
+        state = service().get(self._oid)
+        assert isinstance(state, ParamState)
+        return state
 
     @property
     def staleness(self) -> int:

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from fibercore.errors import TimeoutError
+from fibercore.paramserver.board import Board, BoardRef
 from fibercore.sync.states import ERROR, PARKED, RETURN, State, Waiter
 
 log = logging.getLogger("fibercore.paramserver")
@@ -94,7 +95,7 @@ class Clocks:
 class Member:
     """One worker: a thread of a process, and the round it works on."""
 
-    __slots__ = ("caller", "name", "clock", "late", "pushes")
+    __slots__ = ("caller", "name", "clock", "late", "pushes", "machine")
 
     def __init__(self, caller: tuple[Hashable, int], name: str, clock: int) -> None:
         self.caller = caller
@@ -102,6 +103,7 @@ class Member:
         self.clock = clock
         self.late = False  # moved up past a round it had not pushed: its next push is dropped
         self.pushes = 0
+        self.machine: str | None = None  # where it runs (another process on the server's machine reads the board)
 
 
 class ParamState(State):
@@ -110,11 +112,15 @@ class ParamState(State):
     kind = "ParameterServer"
 
     def __init__(self, params: Mapping[str, Any], staleness: int, aggregate: Aggregate, apply: Apply,
-                 time_limit: float | None, *, workers: int = 0,
+                 time_limit: float | None, *, workers: int = 0, share_from: int = 0,
                  call_later: Callable[[float, Callable[[], None]], Any] | None = None,
                  name_of: Callable[[Hashable], str] = repr,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.params: Params = {k: np.array(v) for k, v in params.items()}
+        #: Parameters of at least this many bytes go to workers on this machine through the board.
+        self.share_from = share_from
+        self.board: Board | None = None
+        self._board_failed = False
         self.staleness = staleness
         self.aggregate = aggregate
         self.apply = apply
@@ -198,17 +204,37 @@ class ParamState(State):
         self.watchers = [x for x in self.watchers if x[0].peer != peer]
 
     # -- the worker's calls ----------------------------------------------------------------------
-    def op_pull(self, w: Waiter) -> Any:
-        """(params, version) once this worker may start its round."""
+    def op_pull(self, w: Waiter, machine: str | None = None) -> Any:
+        """(params, version) once this worker may start its round. ``machine``: where the
+        caller runs (the parameters may then come as a reference to the board)."""
         m = self._member(w)
+        m.machine = machine
         if not self._allowed(m):
             return self._park(w, "pull", None)
         return self._pulled(m)
 
-    def _pulled(self, m: Member) -> tuple[Params, int]:
+    def _pulled(self, m: Member) -> tuple[Params | BoardRef, int]:
         m.late = False
         self.history.append(("pull", m.name, m.clock, self.version, self.now()))
-        return self.params, self.version
+        return self._params_for(m), self.version
+
+    def _params_for(self, m: Member) -> Params | BoardRef:
+        """The parameters, or where on the board a worker on this machine reads them."""
+        if not self.share_from or m.machine is None or self._board_failed:
+            return self.params
+        if self.board is None:
+            if sum(v.nbytes for v in self.params.values()) < self.share_from:
+                return self.params
+            try:
+                self.board = Board(self.params)
+            except OSError as exc:  # no /dev/shm, or too small: the connection carries them
+                self._board_failed = True
+                log.warning("parameter server: parameters go through the connection (no board: %s)", exc)
+                return self.params
+        if m.machine != self.board.machine or not self.board.fits(self.params):
+            return self.params
+        self.stats["board_pulls"] += 1
+        return self.board.ref(self.board.publish(self.version, self.params), self.version)
 
     def op_push(self, w: Waiter, grads: Mapping[str, Any]) -> Any:
         """Add this worker's gradient for its round: True, or False when it came too late."""
@@ -223,10 +249,11 @@ class ParamState(State):
         self._wake()
         return accepted
 
-    def op_push_pull(self, w: Waiter, grads: Mapping[str, Any]) -> Any:
+    def op_push_pull(self, w: Waiter, grads: Mapping[str, Any], machine: str | None = None) -> Any:
         """A push, then this worker's next pull, in one request: (params, version, accepted)."""
         self._check(grads)
         m = self._member(w)
+        m.machine = machine
         if m.late:
             accepted = self._drop(m)
         elif not self._allowed(m):
