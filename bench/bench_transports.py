@@ -10,6 +10,11 @@ Measures (each in a fresh interpreter per library and round, rounds interleaved,
   queue_100b    Queue messages/s of 100 bytes, one process putting, one getting
   queue_1mb     Queue messages/s of 1 MB
   overhead_1ms  the paper's overhead test: Pool(5), 5,000 tasks sleeping 1 ms (ideal 1 s): s
+and the same with four times more processes than cores (the usual RL set-up):
+  pipes_over    4 x cores children, each echoing 100 B over its Pipe; the master sends to every
+                one, then receives from every one: messages/s
+  apply_over    one apply_async round trip on Pool(4 x cores): µs
+  overhead_over Pool(4 x cores), 1 ms tasks, 1,000 per worker (ideal 1 s): s
 
 Both processes of every measure run on this machine, so the built-in transport uses a Unix
 socket where it can, and fiber-nng TCP on 127.0.0.1 (nng's ipc would need the same care with
@@ -29,12 +34,17 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
+CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
 MEASURES = {
     "pipe_rtt": ("Pipe 100 B round trip", "us", "lower"),
     "apply_rtt": ("apply_async round trip, Pool(2)", "us", "lower"),
     "queue_100b": ("Queue 100 B messages/s", "msg/s", "higher"),
     "queue_1mb": ("Queue 1 MB messages/s", "msg/s", "higher"),
     "overhead_1ms": ("overhead test, 1 ms tasks (ideal 1 s)", "s", "lower"),
+    "pipes_over": (f"Pipes to {4 * CORES} children, 100 B messages/s", "msg/s", "higher"),
+    "apply_over": (f"apply_async round trip, Pool({4 * CORES})", "us", "lower"),
+    "overhead_over": (f"overhead test, Pool({4 * CORES}), 1 ms tasks (ideal 1 s)", "s", "lower"),
 }
 LIBRARIES = ("fibercore tcp", "fibercore nng", "mp fork", "mp spawn")
 
@@ -65,7 +75,50 @@ def measure(name: str, library: str) -> float:
         return bench_ipc.queue_rate(lib, 1 << 20, 200)
     if name == "overhead_1ms":
         return bench_pool.overhead(lib, 0.001)
+    if name == "pipes_over":
+        return pipes_rate(lib, 4 * CORES, 500)
+    if name == "apply_over":
+        return bench_pool.rtt(lib, 2000, processes=4 * CORES)
+    if name == "overhead_over":
+        return overhead(lib, 4 * CORES, 0.001)
     raise SystemExit(f"unknown measure {name}")
+
+
+def pipes_rate(lib, children: int, rounds: int) -> float:  # type: ignore[no-untyped-def]
+    """Messages/s when the master steps ``children`` echoing children over their Pipes."""
+    import bench_ipc
+
+    ends = [lib.Pipe() for _ in range(children)]
+    procs = [lib.Process(target=bench_ipc.echo, args=(child, rounds + 10)) for _, child in ends]
+    for p in procs:
+        p.start()
+    payload = b"x" * 100
+    for _ in range(10):  # every child up and connected
+        for parent, _ in ends:
+            parent.send_bytes(payload)
+        for parent, _ in ends:
+            parent.recv_bytes()
+    t0 = time.perf_counter()
+    for _ in range(rounds):
+        for parent, _ in ends:
+            parent.send_bytes(payload)
+        for parent, _ in ends:
+            parent.recv_bytes()
+    elapsed = time.perf_counter() - t0
+    for p in procs:
+        p.join()
+    return rounds * children / elapsed
+
+
+def overhead(lib, processes: int, d: float) -> float:  # type: ignore[no-untyped-def]
+    """The overhead test with ``processes`` workers, 1/d tasks each (ideal 1 s)."""
+    import _tasks
+
+    with lib.Pool(processes) as pool:
+        pool.map(_tasks.sleep_for, [0.3] * processes, 1)
+        t0 = time.perf_counter()
+        pool.map(_tasks.sleep_for, [d] * int(round(processes / d)))
+        return time.perf_counter() - t0
 
 
 def run_child(name: str, library: str) -> float:
