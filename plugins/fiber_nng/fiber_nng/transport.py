@@ -228,15 +228,20 @@ def _host_port(address: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def _send(sock: pynng.Socket, data: bytes, block: bool, gone: Callable[[], bool], where: str) -> None:
+def _send(conn: _Conn, data: bytes, block: bool, gone: Callable[[], bool], where: str) -> None:
     """One frame on a Pair0 socket: waits while buffers are full (checking, every
     :data:`SEND_STEP`, that the peer is still there: a Pair0 socket whose peer left would wait
-    for another forever); ``block=False``: TransportTimeout rather than wait."""
+    for another forever); ``block=False``: TransportTimeout rather than wait. Each attempt
+    holds the connection's lock, so that no thread closes the socket in the middle of it
+    (nng aborted the process when a socket was closed under a send)."""
     if gone():
         raise TransportClosed(f"the connection to {where} is gone")
     if not block:
         try:
-            sock.send(data, block=False)
+            with conn.lock:
+                if conn.closed:
+                    raise pynng.Closed(-1, "closed")
+                conn.sock.send(data, block=False)
             return
         except pynng.TryAgain:
             raise TransportTimeout(f"{where}: nothing could be sent now") from None
@@ -244,7 +249,10 @@ def _send(sock: pynng.Socket, data: bytes, block: bool, gone: Callable[[], bool]
             raise TransportClosed(f"the connection to {where} is closed") from None
     while True:
         try:
-            sock.send(data)
+            with conn.lock:
+                if conn.closed:
+                    raise pynng.Closed(-1, "closed")
+                conn.sock.send(data)
             return
         except pynng.Timeout:
             if gone():
@@ -261,6 +269,9 @@ class _Conn:
         self.label = label
         self.connected = False
         self.gone = False
+        #: Held by each send attempt (at most SEND_STEP) and by close: never closed under a send.
+        self.lock = threading.Lock()
+        self.closed = False
         self.session: Any = None
         self.paused = False
         self._wake = wake
@@ -279,14 +290,20 @@ class _Conn:
     def recv_fd(self) -> int | None:
         """The descriptor readable while a message waits (None once the socket is closed)."""
         try:
-            return int(self.sock.recv_fd)
+            with self.lock:
+                if self.closed:
+                    raise pynng.Closed(-1, "closed")
+                return int(self.sock.recv_fd)
         except pynng.NNGException:
             self.gone = True
             return None
 
     def recv_now(self) -> bytes | None:
         try:
-            return bytes(self.sock.recv(block=False))
+            with self.lock:
+                if self.closed:
+                    raise pynng.Closed(-1, "closed")
+                return bytes(self.sock.recv(block=False))
         except pynng.TryAgain:
             return None
         except pynng.Closed:
@@ -295,10 +312,14 @@ class _Conn:
 
     def close(self) -> None:
         self.gone = True
-        try:
-            self.sock.close()
-        except Exception:
-            pass
+        with self.lock:
+            if self.closed:
+                return
+            self.closed = True
+            try:
+                self.sock.close()
+            except Exception:
+                pass
 
 
 class _Acceptor:
@@ -594,7 +615,7 @@ class NngListener:
                 next(iter(self._peers.values())) if len(self._peers) == 1 else None)
         if conn is None or self._closed:
             raise TransportClosed(f"{self.address}: no connection to {peer!r}")
-        _send(conn.sock, b"".join(bytes(p) if not isinstance(p, bytes) else p for p in parts), block,
+        _send(conn, b"".join(bytes(p) if not isinstance(p, bytes) else p for p in parts), block,
               lambda: conn.gone or self._closed, conn.label)
 
     # -- FlowControl ----------------------------------------------------------------------------
@@ -788,7 +809,7 @@ class NngDialer:
         if self._closed:
             raise TransportClosed(f"endpoint {self.address} is closed")
         try:
-            _send(self._conn.sock, b"".join(bytes(p) if not isinstance(p, bytes) else p for p in parts), block,
+            _send(self._conn, b"".join(bytes(p) if not isinstance(p, bytes) else p for p in parts), block,
                   lambda: self._conn.gone or self._closed, self.address)
         except TransportClosed:
             if self._conn.gone and not self._closed:
