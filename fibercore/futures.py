@@ -67,6 +67,14 @@ class _Readers:
         self._stop.set()
 
 
+def _forget(items: list[Waitable], fn: Callable[[Any], object]) -> None:
+    """Take ``fn`` off the results still running: a loop of ``wait(not_ready)`` calls must not
+    pile one callback per call on each result."""
+    for obj in items:
+        if isinstance(obj, ApplyResult):
+            obj._remove_done_callback(fn)
+
+
 def _check_unique(results: list[Waitable]) -> None:
     if len({id(r) for r in results}) != len(results):
         raise ValueError("wait() needs a list of distinct results (one appears more than once)")
@@ -102,6 +110,7 @@ def wait(results: Iterable[Waitable], num_returns: int = 1,
                 cond.wait(remaining)
     finally:
         readers.stop()
+        _forget(items, one_done)
     ready: list[Waitable] = []
     not_ready: list[Waitable] = []
     for obj in items:
@@ -139,6 +148,7 @@ def as_completed(results: Iterable[Waitable], timeout: float | None = None) -> I
             yield obj
     finally:
         readers.stop()
+        _forget(items, one_done)
 
 
 class Future(concurrent.futures.Future[T]):

@@ -107,6 +107,14 @@ class ApplyResult(Generic[T]):
                 return
         _call(fn, self, "done callback")
 
+    def _remove_done_callback(self, fn: Callable[[ApplyResult[Any]], object]) -> None:
+        """Forget ``fn`` if it has not run (a ``wait`` that returned before this result was ready)."""
+        with self._done_lock:
+            try:
+                self._done_callbacks.remove(fn)
+            except ValueError:
+                pass
+
     def _finish(self) -> None:
         """The result is ready: wake ``get()``, then the done callbacks."""
         with self._done_lock:
