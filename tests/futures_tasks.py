@@ -14,8 +14,12 @@ def sleep_then(value: object, seconds: float) -> object:
 
 
 def mark_then_sleep(path: str, seconds: float) -> int:
-    """Leave a file saying this ran (in this worker), then sleep."""
-    Path(path).write_text(str(os.getpid()))
+    """Leave a file saying this ran (in this worker), then sleep.
+
+    Written beside and renamed into place, so a reader never sees it empty."""
+    partial = Path(f"{path}.{os.getpid()}.partial")
+    partial.write_text(str(os.getpid()))
+    partial.replace(path)
     time.sleep(seconds)
     return os.getpid()
 
