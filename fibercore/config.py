@@ -107,6 +107,11 @@ CORE_OPTIONS: tuple[Option, ...] = (
                                               "the __main__ globals a task's function uses, are kept once per machine "
                                               "in shared memory and mapped copy-on-write by each job (0: never)."),
     Option("queue_max_bytes", int, 256 << 20, "Bytes a queue's broker holds before put() blocks, as on a full queue."),
+    Option("dashboard", bool, False, "Serve the web dashboard of this program (needs fibercore[dashboard]); its URL, "
+                                     "with the token it requires, is printed when it starts."),
+    Option("dashboard_host", str, "127.0.0.1", "Address the dashboard binds (another than 127.0.0.1 only on purpose: "
+                                               "anyone who can reach it and has the token sees the program)."),
+    Option("dashboard_port", int, 0, "Port of the dashboard (0: one the OS chooses)."),
 )
 
 #: Keys the original fiber accepted that have no effect here (accepted, warned).

@@ -31,7 +31,8 @@ Hooks, in lifecycle order:
                 fiber_wait_job, fiber_terminate_job, fiber_job_logs, fiber_cleanup_jobs,
                 fiber_job_secret
     operations ─ fiber_list_jobs, fiber_read_job_logs, fiber_follow_logs,
-                fiber_copy_files, fiber_doctor (the ``fiber`` command; optional)
+                fiber_copy_files, fiber_job_usage, fiber_doctor (the ``fiber``
+                command, ``fiber top`` and the dashboard; optional)
     transport ─ fiber_transport
     serialize ─ fiber_serializer
     observers ─ fiber_job_started, fiber_job_exited, fiber_worker_start
@@ -47,7 +48,7 @@ import pluggy
 if TYPE_CHECKING:
     from fibercore.serialization import Serializer
     from fibercore.transport import Transport
-    from fibercore.types import Check, ConfigView, Job, JobInfo, JobSpec, JobStatus, Option
+    from fibercore.types import Check, ConfigView, Job, JobInfo, JobSpec, JobStatus, JobUsage, Option
 
 PROJECT_NAME = "fiber"
 
@@ -307,6 +308,22 @@ def fiber_copy_files(jid: str, source: str, destination: str, into_job: bool,
     :param config: the effective configuration.
     :return: True when done, None when the job is not this backend's.
     :raises Exception: with the reason (and the fix) when the job's files are out of reach.
+    """
+
+
+@hookspec(firstresult=True)
+def fiber_job_usage(job: Job, config: ConfigView) -> JobUsage | None:
+    """Return what a running job uses now: CPU time so far and resident memory.
+
+    Called in the master about once a second per job, only while ``fiber top`` or the
+    dashboard is looking (see :mod:`fibercore.observe`); must be quick (no call that takes
+    a second, such as a container engine's stats stream). First non-None wins; a backend
+    that cannot tell leaves it out, and the views show "-".
+
+    :param job: a handle this backend's ``fiber_create_job`` returned.
+    :param config: the effective configuration.
+    :return: a :class:`fibercore.types.JobUsage` (fields it cannot tell None), or None when
+        ``job`` is not this backend's or has ended.
     """
 
 

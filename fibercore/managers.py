@@ -51,6 +51,7 @@ from fibercore.errors import (
     TransportError,
     WeakAuthkeyWarning,
 )
+from fibercore.observe import registry
 from fibercore.rpc import (
     ERROR,
     HEAD,
@@ -700,6 +701,14 @@ class BaseManager:
             self, functools.partial(_stop_server, self._process, self._address, self._authkey,
                                     self._shutdown_timeout),
             lifetime.MANAGER)
+        registry.track_manager(self)
+
+    def _view(self) -> dict[str, Any]:
+        """What ``fiber top`` and the dashboard show of this manager (:mod:`fibercore.observe`)."""
+        process = getattr(self, "_process", None)
+        return {"kind": type(self).__name__, "address": str(self._address), "state": self._state,
+                "process": process.name if process is not None else None,
+                "pid": process.pid if process is not None else None}
 
     def connect(self, timeout: float = 10.0) -> None:
         """Use the running server at ``address`` (given to the constructor).

@@ -41,7 +41,7 @@ import pluggy
 
 from fibercore import hookspecs
 from fibercore.errors import BackendNotFoundError, ConfigError, ProcessError
-from fibercore.types import Check, Job, JobInfo, JobSpec, JobStatus, Option
+from fibercore.types import Check, Job, JobInfo, JobSpec, JobStatus, JobUsage, Option
 from fibercore.util import truthy_env
 
 log = logging.getLogger("fibercore.plugins")
@@ -442,6 +442,13 @@ class Plugins:
             if not self.pm.hook.fiber_copy_files.get_hookimpls():
                 raise self._unsupported("fiber_copy_files", "cp")
             raise ConfigError(f"no job {jid!r} on backend {self.backend!r}: `fiber ps` lists the jobs and their ids")
+
+    def job_usage(self, job: Job) -> JobUsage | None:
+        """CPU time and memory of a running job where the backend can tell (None: it cannot)."""
+        try:
+            return self.pm.hook.fiber_job_usage(job=job, config=self.config)
+        except Exception:  # a reading for a view: never an error of the program's
+            return None
 
     def doctor(self) -> list[Check]:
         return [check for answer in self.pm.hook.fiber_doctor(config=self.config) for check in answer or ()]

@@ -19,6 +19,7 @@ from fibercore import admin
 from fibercore.backendkit import MASTER_LABEL, master_label
 from fibercore.errors import BackendUnavailableError, JobStartError, ProcessError
 from fibercore.meta import get_meta
+from fibercore.observe import recorder
 from fibercore.runtime import get_runtime
 from fibercore.serialization import describe, dumps_or_explain
 from fibercore.types import Job, JobSpec, JobStatus
@@ -118,6 +119,7 @@ class JobPopen:
                 f"backend {rt.backend!r} could not start {process.name}: {type(exc).__name__}: {exc}"
             ) from exc
         self.pid = self.job.pid
+        recorder.master_started()  # fiber top finds the program from its first job on
 
     # -- start-up ---------------------------------------------------------------------
     def wait_started(self, timeout: float | None = None) -> None:

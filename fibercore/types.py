@@ -123,6 +123,18 @@ class JobInfo:
     exitcode: int | None = None
 
 
+@dataclass(frozen=True)
+class JobUsage:
+    """What a running job uses, as far as its backend can tell (``fiber top``, the dashboard).
+
+    ``cpu_seconds`` is the job's CPU time so far (user + system; a rate comes from two
+    readings), ``rss_bytes`` its resident memory; None where the backend cannot tell.
+    """
+
+    cpu_seconds: float | None = None
+    rss_bytes: int | None = None
+
+
 @dataclass
 class Check:
     """One line of ``fiber doctor``: what was checked, whether it holds, and the fix if not."""
@@ -188,4 +200,4 @@ class Option:
         return getattr(self.type, "__name__", str(self.type))
 
 
-__all__ = ["Check", "ConfigView", "Job", "JobInfo", "JobSpec", "JobStatus", "Option"]
+__all__ = ["Check", "ConfigView", "Job", "JobInfo", "JobSpec", "JobStatus", "JobUsage", "Option"]

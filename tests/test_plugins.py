@@ -148,6 +148,7 @@ def test_hook_has_a_test(hook):
         "fiber_cleanup_jobs": "cleanup", "fiber_list_jobs": "plugins.list_jobs(",
         "fiber_read_job_logs": "plugins.read_job_logs(", "fiber_follow_logs": "plugins.follow_logs(",
         "fiber_copy_files": 'fiber("cp"', "fiber_doctor": "plugins.doctor(",
+        "fiber_job_usage": "plugins.job_usage(",
     }
     needle = calls.get(hook, hook)
     assert any(re.search(re.escape(needle), src) for src in sources), f"no test exercises {hook}"

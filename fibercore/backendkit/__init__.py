@@ -8,8 +8,9 @@
   gone, a session's master removed first (:mod:`.cleanup`).
 - :class:`SecretFiles`: the session secret in a file jobs read, never on a command line or
   in a launcher's environment (:mod:`.secrets`).
-- :func:`parse_pairs`, :func:`signal_exit_code`, :func:`outward_address`: config values,
-  container exit statuses, the address jobs elsewhere reach (:mod:`.helpers`).
+- :func:`parse_pairs`, :func:`signal_exit_code`, :func:`outward_address`,
+  :func:`process_usage`: config values, container exit statuses, the address jobs elsewhere
+  reach, a local process's CPU time and memory (:mod:`.helpers`).
 - :func:`preload_worker` and :func:`run_worker`: start jobs by forking a template process,
   as fiber-local does (:mod:`.forking`).
 
@@ -26,7 +27,7 @@ from fibercore.backendkit.cleanup import (
     sessions_to_clean,
 )
 from fibercore.backendkit.forking import WORKER_MODULES, preload_worker, run_worker
-from fibercore.backendkit.helpers import outward_address, parse_pairs, signal_exit_code
+from fibercore.backendkit.helpers import outward_address, parse_pairs, process_usage, signal_exit_code
 from fibercore.backendkit.secrets import SecretFiles
 
 __all__ = [
@@ -42,6 +43,7 @@ __all__ = [
     "outward_address",
     "parse_pairs",
     "preload_worker",
+    "process_usage",
     "run_worker",
     "sessions_to_clean",
     "signal_exit_code",

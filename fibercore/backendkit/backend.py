@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar, run
 from fibercore.hookspecs import hookimpl
 
 if TYPE_CHECKING:
-    from fibercore.types import Check, ConfigView, Job, JobInfo, JobSpec, JobStatus, Option
+    from fibercore.types import Check, ConfigView, Job, JobInfo, JobSpec, JobStatus, JobUsage, Option
 
 
 @runtime_checkable
@@ -42,10 +42,11 @@ class Engine(Protocol):
     5. ``close()``: at the master's exit, stop what still runs and remove what this engine
        made (secrets, watches).
 
-    Optional verbs, declared by :class:`EngineBackend`'s ``follows_logs`` and
-    ``copies_files``: ``follow(record) -> Iterator[str]``, ``copy(jid, source, destination,
-    into_job) -> bool | None``; and ``doctor(config) -> list[Check]`` (fiber doctor's checks
-    once the engine is made).
+    Optional verbs, declared by :class:`EngineBackend`'s ``follows_logs``, ``copies_files``
+    and ``reports_usage``: ``follow(record) -> Iterator[str]``, ``copy(jid, source,
+    destination, into_job) -> bool | None``, ``usage(record) -> JobUsage | None`` (quick:
+    called once a second per job while ``fiber top`` or the dashboard looks); and
+    ``doctor(config) -> list[Check]`` (fiber doctor's checks once the engine is made).
     """
 
     def create(self, spec: JobSpec, config: ConfigView) -> Job: ...
@@ -75,8 +76,8 @@ class EngineBackend(Generic[E]):
 
     Subclass and set :attr:`NAME` (``FIBER_BACKEND`` value), :attr:`ALIASES`,
     :attr:`DISTRIBUTION`, :attr:`ENGINE_KEYS` (config keys whose values make a different
-    engine), and implement :meth:`make_engine`. ``follows_logs`` / ``copies_files`` declare
-    the optional verbs; without them the hooks are not registered at all.
+    engine), and implement :meth:`make_engine`. ``follows_logs`` / ``copies_files`` /
+    ``reports_usage`` declare the optional verbs; without them the hooks are not registered at all.
 
     Engines are made on first use, one per value of :attr:`ENGINE_KEYS`: ``fibercore.init()``
     with another cluster gets its own, while jobs keep the engine that started them. Every
@@ -93,6 +94,7 @@ class EngineBackend(Generic[E]):
     ENGINE_KEYS: ClassVar[tuple[str, ...]] = ()
     follows_logs: ClassVar[bool] = False
     copies_files: ClassVar[bool] = False
+    reports_usage: ClassVar[bool] = False
     #: What fiber doctor says when :meth:`make_engine` fails, and the fix.
     reach_check: ClassVar[str] = "engine reachable"
     reach_fix: ClassVar[str] = "check the backend's configuration (fiber config)"
@@ -105,6 +107,8 @@ class EngineBackend(Generic[E]):
             self.fiber_follow_logs = None  # type: ignore[assignment]  # not a hook: not registered
         if not self.copies_files:
             self.fiber_copy_files = None  # type: ignore[assignment]
+        if not self.reports_usage:
+            self.fiber_job_usage = None  # type: ignore[assignment]
         atexit.register(self.close)
 
     # -- what a backend writes ----------------------------------------------------------------
@@ -213,6 +217,11 @@ class EngineBackend(Generic[E]):
     def fiber_copy_files(self, jid: str, source: str, destination: str, into_job: bool,
                          config: ConfigView) -> bool | None:
         return self.engine(config).copy(jid, source, destination, into_job)  # type: ignore[attr-defined]
+
+    @hookimpl
+    def fiber_job_usage(self, job: Job, config: ConfigView) -> JobUsage | None:
+        eng = self.engine_of(job, config)
+        return None if eng is None else eng.usage(job.data)  # type: ignore[attr-defined]
 
     @hookimpl
     def fiber_doctor(self, config: ConfigView) -> list[Check]:

@@ -1,8 +1,14 @@
-"""Small helpers for backend configuration and exit codes (no API objects, no heavy imports)."""
+"""Small helpers for backend configuration, exit codes and local process readings (no API objects, no heavy imports)."""
 
 from __future__ import annotations
 
+import os
 import socket
+
+from fibercore.types import JobUsage
+
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 def parse_pairs(text: str | None, key: str, error: type[Exception] = ValueError,
@@ -36,3 +42,17 @@ def outward_address() -> str:
         return "127.0.0.1"
     finally:
         probe.close()
+
+
+def process_usage(pid: int) -> JobUsage | None:
+    """CPU time and resident memory of process ``pid`` on this machine (Linux ``/proc``),
+    for ``fiber_job_usage``; None when it is gone or there is no ``/proc``."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            fields = fh.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    if len(fields) < 22 or fields[0] == b"Z":
+        return None
+    # After the name: state is field 3 of proc(5); utime 14, stime 15, rss (pages) 24.
+    return JobUsage(cpu_seconds=(int(fields[11]) + int(fields[12])) / _TICKS, rss_bytes=int(fields[21]) * _PAGE)

@@ -1,9 +1,9 @@
 """The ``fiber`` command: run a program on a cluster and look after its jobs.
 
     fiber run [--backend B] [--image I | --build [DIR]] [--push REGISTRY] -- python app.py
-    fiber ps | logs JOB|SESSION | stop SESSION | cp SRC DST | config | doctor | backends | cleanup
+    fiber ps | top [SESSION] | logs JOB|SESSION | stop SESSION | cp SRC DST | config | doctor | backends | cleanup
 
-Each command lives in its own module (``run``, ``jobs``, ``info``); this one builds the
+Each command lives in its own module (``run``, ``jobs``, ``top``, ``info``); this one builds the
 parser and turns a :class:`~fibercore.errors.FiberError` into a one-line message and
 exit code 2. :data:`COMMANDS` is the list the documentation must cover.
 """
@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable
 
 #: Every subcommand, as documented in docs/cli.md (a meta-test checks both ways).
-COMMANDS = ("run", "ps", "logs", "stop", "cp", "config", "doctor", "backends", "cleanup")
+COMMANDS = ("run", "ps", "top", "logs", "stop", "cp", "config", "doctor", "backends", "cleanup")
 
 
 def _add_backend(p: argparse.ArgumentParser) -> None:
@@ -24,7 +24,7 @@ def _add_backend(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     from fibercore import __version__
-    from fibercore.cli import info, jobs, run
+    from fibercore.cli import info, jobs, run, top
 
     parser = argparse.ArgumentParser(prog="fiber", description="fibercore command line")
     parser.add_argument("--version", action="version",
@@ -39,6 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_arguments(add("run", run.main, "run a program's master as a job on the backend and stream its output"))
     _add_backend(p := add("ps", jobs.ps, "list the jobs of each fiber session on the backend"))
     p.add_argument("--session", help="only this session's jobs")
+    top.add_arguments(add("top", top.main, "watch the programs running on this machine: jobs, CPU, memory, "
+                                           "each Pool's workers and tasks (q quits)"))
     _add_backend(p := add("logs", jobs.logs, "print the output of a job, or of every job of a session"))
     p.add_argument("target", metavar="JOB|SESSION", help="a job id or a session id (from fiber ps)")
     _add_backend(p := add("stop", jobs.stop, "stop every job of a session, its master first"))

@@ -48,6 +48,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu", type=int, help="GPUs of the master's job")
     p.add_argument("--env", action="append", default=[], metavar="K=V",
                    help="environment variable of the master (repeatable; FIBER_K=V sets config key k)")
+    p.add_argument("--dashboard", action="store_true",
+                   help="serve the program's web dashboard (FIBER_DASHBOARD=1; its URL is printed)")
     p.add_argument("--detach", action="store_true", help="return once the master started; print its session")
     p.add_argument("--grace", type=float, default=10.0, help="seconds Ctrl-C waits for the master to stop")
     p.add_argument("program", nargs=argparse.REMAINDER, metavar="-- COMMAND",
@@ -120,6 +122,8 @@ def main(args: argparse.Namespace) -> int:
     from fibercore.types import JobSpec
 
     user_env = parse_env(args.env)
+    if args.dashboard:
+        user_env.setdefault("FIBER_DASHBOARD", "1")
     python, program_args = split_command(args.program)
     if args.backend:
         init(backend=args.backend)

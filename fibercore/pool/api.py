@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sized
 from typing import Any
 
 from fibercore import lifetime
+from fibercore.observe import registry
 from fibercore.pool import protocol as P
 from fibercore.pool.progress import Progress, ProgressArg
 from fibercore.pool.progress import resolve as resolve_progress
@@ -140,8 +141,13 @@ class Pool:
         # A pool nobody closes is terminated when collected or at exit (never from
         # the collector's own thread: see fibercore.lifetime).
         self._finalizer = lifetime.track(self, self._core.terminate, lifetime.POOL)
+        registry.track_pool(self)
 
     # ------------------------------------------------------------------ helpers
+    def _view(self) -> dict[str, Any] | None:
+        """What ``fiber top`` and the dashboard show of this pool (:mod:`fibercore.observe`)."""
+        return self._core.view() if self._core is not None else None
+
     def _check_running(self) -> Scheduler:
         core = self._core
         assert core is not None

@@ -17,6 +17,7 @@ result objects (which run user callbacks) happen outside it.
 
 from __future__ import annotations
 
+import concurrent.futures
 import itertools
 import threading
 import time
@@ -26,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from fibercore.errors import SerializationError, TransportError
 from fibercore.pool import protocol as P
-from fibercore.pool.records import READY, TERMINATE, Batch, Chunk, WorkerSlot, chunked, func_name
+from fibercore.pool.records import READY, TERMINATE, Batch, Chunk, WorkerSlot, chunk_items, chunked, func_name
 from fibercore.serialization import dumps_or_explain
 from fibercore.wire.frames import nbytes
 
@@ -211,6 +212,14 @@ class Dispatch:
         w.pending.clear()
         return pending
 
+    def queued_tasks(self) -> int:
+        """The user's tasks waiting in the queue (lock held)."""
+        return sum(chunk_items(c) for c in self.queue if not c.done)
+
+    def held_tasks(self, w: WorkerSlot) -> int:
+        """The user's tasks ``w`` holds: running or waiting at the worker (lock held)."""
+        return sum(chunk_items(c) for c in w.pending.values())
+
     def queued(self) -> int:
         """Chunks waiting for a worker (lock held)."""
         return len(self.queue)
@@ -359,7 +368,19 @@ class Dispatch:
         finally:
             with self.shared.lock:
                 self.chunks.pop(chunk.cid, None)
+                self._count(chunk, ok, value)
                 self.shared.changed.notify_all()
+
+    def _count(self, chunk: Chunk, ok: bool, value: Any) -> None:
+        """The pool's task counters (``Pool.stats``, fiber top) for one outcome (lock held)."""
+        stats = self.shared.stats
+        if ok:
+            stats["done_tasks"] += chunk_items(chunk)
+        elif isinstance(value, concurrent.futures.CancelledError):
+            stats["cancelled_tasks"] += chunk_items(chunk)
+        else:
+            stats["failed_tasks"] += chunk_items(chunk)
+            self.shared.last_error = (time.time(), f"{chunk.batch.name}: {type(value).__name__}: {value}"[:300])
 
     def fail(self, chunk: Chunk, exc: BaseException) -> None:
         """Fail ``chunk`` with ``exc`` unless it has an outcome already (lock not held)."""

@@ -100,6 +100,17 @@ def items_text(chunk: Chunk) -> str:
     return f"item {first}" if last <= first else f"items {first}-{last}"
 
 
+def chunk_items(chunk: Chunk) -> int:
+    """How many of the user's tasks a chunk holds (1 for an apply; a map's last chunk may hold fewer)."""
+    if chunk.batch.kind == P.APPLY:
+        return 1
+    size = getattr(chunk.batch.sink, "_chunksize", 1) or 1
+    values = getattr(chunk.batch.sink, "_value", None)
+    if isinstance(values, list) and values:
+        return max(0, min(size, len(values) - chunk.index * size))
+    return size
+
+
 def func_name(func: Any) -> str:
     return getattr(func, "__qualname__", None) or getattr(func, "__name__", None) or type(func).__name__
 

@@ -40,6 +40,7 @@ from fibercore.pool.dispatch import Dispatch
 from fibercore.pool.fleet import Fleet
 from fibercore.pool.records import (
     CLOSE,
+    READY,
     RUN,
     TERMINATE,
     Batch,
@@ -156,6 +157,35 @@ class Scheduler:
 
     def worker_processes(self) -> list[Process]:
         return self.fleet.worker_processes()
+
+    def view(self) -> dict[str, Any]:
+        """What ``fiber top`` and the dashboard show of this pool: its workers and what each
+        holds, tasks queued, counters, the last error (a copy, taken under the lock)."""
+        with self.lock:
+            workers = []
+            for w in self.fleet.slots():
+                held = self.dispatch.held_tasks(w)
+                p = w.process
+                job = p.job if p is not None and p.launched else None
+                workers.append({
+                    "name": w.name,
+                    "state": ("busy" if held else "idle") if w.state == READY else w.state,
+                    "tasks": held,
+                    "jid": job.jid if job is not None else None,
+                    "host": job.host if job is not None else None,
+                })
+            broken = self.shared.broken
+            return {
+                "name": self.name,
+                "state": self.shared.state,
+                "target": self.fleet.target,
+                "workers": workers,
+                "queued": self.dispatch.queued_tasks(),
+                "running": sum(w["tasks"] for w in workers),
+                "stats": dict(self.stats),
+                "last_error": self.shared.last_error,
+                "broken": f"{type(broken).__name__}: {broken}" if broken is not None else None,
+            }
 
     # -- the dispatcher thread: each worker message to its room ---------------------------------
     def _serve(self) -> None:

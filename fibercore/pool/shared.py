@@ -5,8 +5,8 @@ The rooms form a DAG (``shared`` <- ``dispatch`` <- ``fleet`` <- ``supervision``
 never their dicts; a room below tells one above through a callback it was given (the
 fleet's ``on_launch_failed``), not by holding it.
 
-Lock rule: ``state``, ``finished``, ``broken``, ``task_error`` and ``stats`` change under
-``lock`` (an RLock, with the condition ``changed``), the one lock of the pool's rooms.
+Lock rule: ``state``, ``finished``, ``broken``, ``task_error``, ``stats`` and ``last_error``
+change under ``lock`` (an RLock, with the condition ``changed``), the one lock of the pool's rooms.
 """
 
 from __future__ import annotations
@@ -58,7 +58,10 @@ class PoolShared:
     #: The error tasks of a broken pool fail with (``broken``, or the user's own exception).
     task_error: BaseException | None = None
     stats: dict[str, int] = field(default_factory=lambda: {
-        "retried_chunks": 0, "replaced_workers": 0, "stolen_chunks": 0, "rerun_after_error": 0})
+        "retried_chunks": 0, "replaced_workers": 0, "stolen_chunks": 0, "rerun_after_error": 0,
+        "done_tasks": 0, "failed_tasks": 0, "cancelled_tasks": 0})
+    #: The last task that failed: (epoch seconds, "map(f): ValueError: ..."), for fiber top.
+    last_error: tuple[float, str] | None = None
 
     def __post_init__(self) -> None:
         self.changed = threading.Condition(self.lock)

@@ -225,6 +225,13 @@ class Broker:
             while self.unfinished:
                 self.cv.wait()
 
+    def view(self) -> dict[str, Any]:
+        """What ``fiber top`` and the dashboard show of this queue."""
+        with self.cv:
+            return {"id": self.qid[:8], "depth": len(self.items) + self._leased_count(), "bytes": self.held,
+                    "maxsize": self.maxsize, "readers": len(self.readers) + self.local_getters,
+                    "processes": self.peers}
+
     def qsize_local(self) -> int:
         with self.cv:
             return len(self.items) + self._leased_count()

@@ -126,6 +126,12 @@ class SyncService:
             self.objects[oid] = state
         return oid
 
+    def view(self, limit: int = 500) -> list[dict[str, Any]]:
+        """The shared objects held here, for ``fiber top`` and the dashboard (at most ``limit``)."""
+        with self.lock:
+            held = list(itertools.islice(self.objects.items(), limit))
+        return [{"id": oid, "kind": state.kind, "state": state.describe()} for oid, state in held]
+
     def get(self, oid: int) -> State:
         state = self.objects.get(oid)
         if state is None:

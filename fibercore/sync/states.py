@@ -61,6 +61,11 @@ class State:
 
     kind = "object"
 
+    def describe(self) -> str:
+        """One line for ``fiber top`` and the dashboard (read without the service's lock: a
+        view, not a decision)."""
+        return ""
+
     def cancel(self, waiter: Waiter) -> None:
         """The caller stopped waiting (its timeout passed)."""
 
@@ -91,6 +96,10 @@ class SemState(State):
     # -- queries -------------------------------------------------------------------------------
     def free(self) -> bool:
         return self.owner is None if self.kind in (LOCK, RLOCK) else self.value > 0
+
+    def describe(self) -> str:
+        held = ("held" if self.owner is not None else "free") if self.kind in (LOCK, RLOCK) else f"value {self.value}"
+        return f"{held}, {len(self.queue)} waiting" if self.queue else held
 
     def owned_by(self, caller: tuple[Hashable, int]) -> bool:
         return self.owner == caller
@@ -216,6 +225,9 @@ class CondState(State):
         self.lock = lock
         self.waiters: deque[Waiter] = deque()
 
+    def describe(self) -> str:
+        return f"{len(self.waiters)} waiting"
+
     def op_wait(self, w: Waiter) -> Any:
         lock = self.lock
         if lock.owner != w.caller:
@@ -265,6 +277,9 @@ class EventState(State):
         self.flag = False
         self.waiters: list[Waiter] = []
 
+    def describe(self) -> str:
+        return "set" if self.flag else f"clear, {len(self.waiters)} waiting"
+
     def op_set(self, w: Waiter) -> None:
         self.flag = True
         waiters, self.waiters = self.waiters, []
@@ -313,6 +328,9 @@ class BarrierState(State):
         self.later: list[Waiter] = []  # arrivals while the action runs: the next round
         self.broken: str | None = None
         self.attached: set[Hashable] = set()
+
+    def describe(self) -> str:
+        return "broken" if self.broken else f"{len(self.waiters)} of {self.parties} waiting"
 
     def op_attach(self, w: Waiter) -> None:
         self.attached.add(w.peer)

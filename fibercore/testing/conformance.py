@@ -20,6 +20,7 @@ import fibercore as fc
 from fibercore.errors import ConfigError, JobStartError, ProcessError
 from fibercore.testing.plugin import stop_children
 from fibercore.testing.targets import (
+    burn_cpu,
     consume,
     echo_pipe,
     exit_with,
@@ -63,6 +64,9 @@ class BackendConformance:
     #: Whether a job ends by itself with the master that started it (fiber-ssh: with the ssh
     #: session), so that ``fiber cleanup`` finds nothing of a killed master to remove.
     jobs_end_with_their_master: ClassVar[bool] = False
+    #: Whether the backend tells a running job's CPU time and memory (``fiber_job_usage``,
+    #: ``EngineBackend.reports_usage``); one that does not must answer None.
+    reports_usage: ClassVar[bool] = False
 
     @pytest.fixture
     def backend_config(self) -> dict[str, Any]:
@@ -141,6 +145,32 @@ class BackendConformance:
         p.join(self.timeout)
         assert p.exitcode is not None and p.exitcode != 0
         assert p.job_status() in (JobStatus.EXITED, JobStatus.UNKNOWN)
+
+    @lifecycle
+    def test_usage_of_a_running_job(self) -> None:
+        from fibercore.runtime import get_runtime
+
+        plugins = get_runtime().plugins
+        p = fc.Process(target=burn_cpu, args=(60,))
+        p.start()
+        try:
+            if not self.reports_usage:
+                assert plugins.job_usage(p.job) is None
+                return
+            first = None
+            deadline = time.monotonic() + self.timeout
+            while first is None and time.monotonic() < deadline:  # a cluster may still schedule it
+                first = plugins.job_usage(p.job)
+                time.sleep(0.2)
+            assert first is not None and first.rss_bytes and first.rss_bytes > 1 << 20, first
+            time.sleep(1.0)
+            later = plugins.job_usage(p.job)
+            assert later is not None and later.cpu_seconds is not None and first.cpu_seconds is not None
+            assert later.cpu_seconds - first.cpu_seconds > 0.3, (first, later)  # it computes
+        finally:
+            p.kill()
+            p.join(self.timeout)
+        assert plugins.job_usage(p.job) is None  # an ended job has no usage
 
     @lifecycle
     def test_logs(self) -> None:

@@ -24,6 +24,13 @@ def sleep_for(seconds: float) -> None:
     time.sleep(seconds)
 
 
+def burn_cpu(seconds: float) -> None:
+    """Compute (not sleep) for ``seconds``: CPU time a backend's usage reading must see."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        sum(range(1000))
+
+
 def print_marker(marker: str) -> None:
     print(marker, flush=True)
     print(marker + "-stderr", file=sys.stderr, flush=True)

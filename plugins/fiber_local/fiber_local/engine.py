@@ -34,9 +34,10 @@ from fiber_local.forking import (
     process_alive,
     process_name,
 )
+from fibercore.backendkit import process_usage
 
 if TYPE_CHECKING:
-    from fibercore.types import Check, ConfigView, Job, JobInfo, JobSpec, JobStatus
+    from fibercore.types import Check, ConfigView, Job, JobInfo, JobSpec, JobStatus, JobUsage
 
 NAME = "local"
 #: Set in every local job's environment: the pid of the master that started it.
@@ -335,6 +336,12 @@ class Engine:
 
     def logs(self, job: LocalJob) -> str:
         return bytes(job.tail).decode("utf-8", "replace")
+
+    def usage(self, job: LocalJob) -> JobUsage | None:
+        """CPU time and memory of a running job, read from ``/proc``."""
+        if job.popen.poll() is not None:
+            return None
+        return process_usage(job.popen.pid)
 
     def cleanup(self, session: str | None) -> int:
         """Kill local workers left by a master that is gone (any session), or every job of

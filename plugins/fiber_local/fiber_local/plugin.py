@@ -27,6 +27,7 @@ class LocalBackend(EngineBackend["Engine"]):
     NAME = NAME
     DISTRIBUTION = "fiber-local"
     copies_files = True
+    reports_usage = True
 
     def make_engine(self, config: ConfigView) -> Engine:
         from fiber_local.engine import Engine

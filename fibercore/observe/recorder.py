@@ -1,0 +1,145 @@
+"""The master's recorder: one thread that looks once a second, and samples only when someone looks.
+
+Started when the master starts its first job. Each second it does one ``stat`` of the
+session's watch file (:mod:`fibercore.observe.status`); only while ``fiber top`` keeps that
+fresh, or while the dashboard is on, does it take a snapshot (:class:`Sampler`), keep a
+point of the history the dashboard plots, and (for ``fiber top``) write the status file.
+A program nobody looks at pays one ``stat`` a second.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import sys
+import threading
+import time
+from collections import deque
+from typing import Any
+
+from fibercore.observe import status
+from fibercore.observe.snapshot import Sampler
+
+log = logging.getLogger("fibercore.observe")
+
+#: Seconds between looks; points of history kept (an hour at one a second).
+INTERVAL = 1.0
+HISTORY = 3600
+
+
+def point(snap: dict[str, Any]) -> dict[str, Any]:
+    """The numbers of one snapshot the dashboard plots over time."""
+    pools = snap["pools"]
+    counts: dict[str, int] = {}
+    for p in pools:
+        for state, n in p["worker_counts"].items():
+            counts[state] = counts.get(state, 0) + n
+    return {
+        "t": snap["time"],
+        "tasks_per_s": sum(p["tasks_per_s"] or 0.0 for p in pools),
+        "busy": counts.get("busy", 0),
+        "idle": counts.get("idle", 0),
+        "starting": counts.get("starting", 0),
+        "queued": sum(p["queued"] for p in pools),
+        "queue_depth": sum(q["depth"] for q in snap["queues"]),
+        "master_cpu": snap["master"]["cpu_percent"],
+        "master_rss": snap["master"]["rss_bytes"],
+    }
+
+
+class Recorder:
+    """Looks once a second; samples while ``fiber top`` watches or the dashboard is on."""
+
+    def __init__(self, session: str, backend: str) -> None:
+        self.session = session
+        self.sampler = Sampler(session, backend)
+        self.history: deque[dict[str, Any]] = deque(maxlen=HISTORY)
+        self.latest: dict[str, Any] | None = None
+        self.always = False  # the dashboard is on: sample even when no fiber top looks
+        self.pid = os.getpid()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._folder = status.status_dir()
+        status.announce(session, {"pid": self.pid, "program": " ".join(sys.argv) or sys.executable,
+                                  "backend": backend, "started": time.time()})
+        atexit.register(self.close)
+        self._thread = threading.Thread(target=self._run, name="fiber-observe", daemon=True)
+        self._thread.start()
+
+    def sample(self) -> dict[str, Any]:
+        """Take a snapshot now, keep it and its point of history."""
+        with self._lock:
+            snap = self.sampler.take()
+            self.latest = snap
+            self.history.append(point(snap))
+        return snap
+
+    def _run(self) -> None:
+        while not self._stop.wait(INTERVAL):
+            watched = status.watched(self.session, self._folder)
+            if not (watched or self.always):
+                continue
+            try:
+                snap = self.sample()
+                if watched:
+                    status.write_status(self.session, snap, self._folder)
+            except Exception:  # a view must never take the program down
+                log.debug("observe: a sample failed", exc_info=True)
+
+    def close(self) -> None:
+        self._stop.set()
+        if os.getpid() == self.pid:
+            status.withdraw(self.session)
+
+
+_recorder: Recorder | None = None
+_unseen = False  # the status directory could not be used: said once
+_lock = threading.Lock()
+
+
+def master_started() -> Recorder | None:
+    """The master started a job: from now on ``fiber top`` can find it, and the dashboard
+    runs when the configuration asks for it (idempotent; cheap after the first call)."""
+    found = _recorder
+    if found is not None and found.pid == os.getpid():
+        return found
+    found = _make()
+    if found is not None:
+        dashboard_if_asked(found)
+    return found
+
+
+def dashboard_if_asked(found: Recorder | None = None) -> None:
+    """Start the dashboard when ``dashboard`` is set (``init(dashboard=True)`` calls this)."""
+    from fibercore.runtime import get_runtime
+
+    rt = get_runtime()
+    if rt.is_worker or not rt.config.get("dashboard"):
+        return
+    found = found or _make()
+    if found is not None:
+        from fibercore import dashboard
+
+        dashboard.start(found, str(rt.config.get("dashboard_host")), int(rt.config.get("dashboard_port")))
+
+
+def _make() -> Recorder | None:
+    global _recorder, _unseen
+    from fibercore.runtime import get_runtime
+
+    rt = get_runtime()
+    if rt.is_worker or _unseen:
+        return None
+    with _lock:
+        if _recorder is None or _recorder.pid != os.getpid():
+            try:
+                _recorder = Recorder(rt.session, str(rt.backend))
+            except OSError as exc:  # no status directory: the program runs, unseen by fiber top
+                _unseen = True
+                log.info("fiber top will not see this program: %s", exc)
+                return None
+        return _recorder
+
+
+__all__ = ["HISTORY", "INTERVAL", "Recorder", "dashboard_if_asked", "master_started", "point"]
