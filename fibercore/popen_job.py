@@ -60,6 +60,9 @@ class JobPopen:
     """Starts one job for a Process and answers poll/wait/terminate for it."""
 
     def __init__(self, process: Process) -> None:
+        # From its first job on, fiber top finds the program (and the dashboard, when asked
+        # for, is up before that job runs).
+        recorder.master_started()
         rt = get_runtime()
         self._rt = rt
         self.returncode: int | None = None
@@ -119,7 +122,6 @@ class JobPopen:
                 f"backend {rt.backend!r} could not start {process.name}: {type(exc).__name__}: {exc}"
             ) from exc
         self.pid = self.job.pid
-        recorder.master_started()  # fiber top finds the program from its first job on
 
     # -- start-up ---------------------------------------------------------------------
     def wait_started(self, timeout: float | None = None) -> None:

@@ -313,3 +313,20 @@ def test_the_dashboard_without_aiohttp_says_how_to_install_it(tmp_path: Path) ->
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                          env={**os.environ, "FIBER_STATUS_DIR": str(tmp_path)})
     assert "ERR the dashboard needs aiohttp" in out.stdout and "pip install 'fibercore[dashboard]'" in out.stdout, out
+
+
+def test_fiber_run_dashboard_starts_it_in_the_master_it_runs(tmp_path: Path) -> None:
+    app = tmp_path / "app.py"
+    app.write_text(
+        "import fibercore as mp\n"
+        "from fibercore import dashboard\n"
+        "if __name__ == '__main__':\n"
+        "    with mp.Pool(1) as pool:\n"
+        "        print('result', pool.apply(abs, (-7,)), 'url', dashboard.url() is not None, flush=True)\n")
+    out = subprocess.run([sys.executable, "-m", "fibercore.cli", "run", "--dashboard", "--", "python", str(app)],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                         env={**os.environ, "FIBER_STATUS_DIR": str(tmp_path / "status")})
+    assert out.returncode == 0, out
+    assert "result 7 url True" in out.stdout, out
+    assert re.search(r"^fibercore: dashboard at http://127\.0\.0\.1:\d+/\?token=\S{20,}$", out.stderr + out.stdout,
+                     re.M), out
