@@ -232,6 +232,13 @@ def test_fiber_top_in_a_terminal_shows_the_pool_moving_and_quits_on_q(program_en
         assert "queues: " in screen and "(3 waiting)" in screen, screen
         tmux.run("send-keys", "-t", "top", "q")
         wait_for(lambda: not alive(pane_pid), 10, "fiber top to quit on q")
+        # Ctrl-C quits as cleanly (its last session gone, that tmux server ended: a new one).
+        tmux.stop()
+        tmux.start(f"{sys.executable} -m fibercore.cli top")
+        second = int(tmux.run("display-message", "-p", "-t", "top", "#{pane_pid}").strip())
+        wait_for(lambda: top_done(tmux.screen()), 30, "the pool in the second fiber top")
+        tmux.run("send-keys", "-t", "top", "C-c")
+        wait_for(lambda: not alive(second), 10, "fiber top to quit on Ctrl-C")
     finally:
         tmux.stop()
         prog.finish()
@@ -291,7 +298,11 @@ def test_a_snapshot_lists_jobs_pools_queues_and_shared_objects_as_json() -> None
         assert any(x["depth"] == 1 for x in snap["queues"])
         assert any(o["kind"] == "Event" and o["state"].startswith("clear") for o in snap["sync"])
         ev.set()
-        assert any(o["kind"] == "Event" and o["state"] == "set" for o in found.sample()["sync"])
+        with mp.Manager() as manager:
+            snap = found.sample()
+            assert any(o["kind"] == "Event" and o["state"] == "set" for o in snap["sync"])
+            assert [m["state"] for m in snap["managers"] if m["address"] == str(manager.address)] == ["started"]
+            assert any(j["role"] == "server of SyncManager" and j["state"] == "running" for j in snap["jobs"])
         assert found.history and set(found.history[-1]) >= {"t", "tasks_per_s", "busy", "idle", "queued"}
 
 
