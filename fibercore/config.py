@@ -100,9 +100,9 @@ CORE_OPTIONS: tuple[Option, ...] = (
     Option("max_connections", int, 4096, "Authenticated connections an endpoint accepts."),
     Option("max_frame_size", int, 1 << 30, "Largest frame (bytes) an authenticated peer may send; bigger objects fail "
                                            "with a clear error."),
-    Option("spin_wait", float, 200.0, "Microseconds a waiting read may poll before it sleeps (0: never poll); it polls "
-                                      "only while this machine runs no more tasks than it has CPUs and while polls "
-                                      "catch their data, and then saves an idle CPU's wake-up per reply."),
+    Option("spin_wait", float, 0.0, "Microseconds a waiting read may poll before it sleeps (0, the default: never "
+                                    "poll). 200 halves a 1:1 round trip when every process has a CPU of its own; with "
+                                    "more processes than CPUs it costs steps (see docs/performance.md)."),
     Option("share_arrays_from", int, 1 << 20, "numpy arrays of at least this many bytes in a Pool's initargs, or in "
                                               "the __main__ globals a task's function uses, are kept once per machine "
                                               "in shared memory and mapped copy-on-write by each job (0: never)."),

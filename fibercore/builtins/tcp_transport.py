@@ -90,9 +90,11 @@ _SCRATCH = 64 << 10  # read buffer of an authenticated connection (before: a han
 _IOV_MAX = 512
 _WOULD_BLOCK = (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
 _DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0)
-#: Seconds a waiting read polls the socket before it sleeps in the kernel (config ``spin_wait``),
-#: when a CPU is free for it (:func:`cpu_to_spare`).
-DEFAULT_SPIN = 200e-6
+#: Seconds a waiting read polls the socket before it sleeps in the kernel (config ``spin_wait``,
+#: in microseconds), when a CPU is free for it (:func:`cpu_to_spare`). Off by default: in the
+#: usual RL set-up (more simulators than cores) the gate let a master poll while the processes
+#: it waited for needed the CPUs, and polling cost 15-18% of the steps (docs/performance.md).
+DEFAULT_SPIN = 0.0
 #: Seconds between two looks at how many tasks this machine runs (:func:`cpu_to_spare`).
 LOAD_LOOK_EVERY = 0.005
 _TIMEVAL = struct.Struct("@ll")
