@@ -163,12 +163,10 @@ class Dashboard:
 
 def job_logs(jid: str) -> str | None:
     """The output of this program's job ``jid`` as its backend keeps it (None: no such job)."""
-    from fibercore import process
+    from fibercore.observe.snapshot import children
     from fibercore.runtime import get_runtime
 
-    with process._children_lock:
-        children = list(process._children)
-    for p in children:
+    for p in children():
         job = getattr(p._popen, "job", None)
         if job is not None and str(job.jid) == jid:
             return get_runtime().plugins.job_logs(job)

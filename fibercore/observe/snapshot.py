@@ -55,7 +55,7 @@ class Sampler:
         roles.update({m["process"]: f"server of {m['kind']}" for m in managers if m.get("process")})
         plugins = get_runtime().plugins
         jobs = []
-        for p in _children():
+        for p in children():
             popen = p._popen
             job = getattr(popen, "job", None)
             code = getattr(popen, "returncode", None)
@@ -113,7 +113,8 @@ class Sampler:
         return out
 
 
-def _children() -> list[Any]:
+def children() -> list[Any]:
+    """This process's started jobs (a copy; no backend is asked anything)."""
     from fibercore import process
 
     with process._children_lock:

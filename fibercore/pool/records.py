@@ -87,16 +87,22 @@ class WorkerSlot:
         return self.process.exitcode
 
 
-def items_text(chunk: Chunk) -> str:
-    """Which items of the user's call a chunk holds: "item 7", "items 20-29"."""
-    if chunk.batch.kind == P.APPLY:
-        return "the call"
+def _item_range(chunk: Chunk) -> tuple[int, int]:
+    """The first and last index (inclusive) of the user's items a map chunk holds."""
     size = getattr(chunk.batch.sink, "_chunksize", 1) or 1
     first = chunk.index * size
     last = first + size - 1
     values = getattr(chunk.batch.sink, "_value", None)
     if isinstance(values, list) and values:  # a MapResult knows how many items there are
         last = min(last, len(values) - 1)
+    return first, last
+
+
+def items_text(chunk: Chunk) -> str:
+    """Which items of the user's call a chunk holds: "item 7", "items 20-29"."""
+    if chunk.batch.kind == P.APPLY:
+        return "the call"
+    first, last = _item_range(chunk)
     return f"item {first}" if last <= first else f"items {first}-{last}"
 
 
@@ -104,11 +110,8 @@ def chunk_items(chunk: Chunk) -> int:
     """How many of the user's tasks a chunk holds (1 for an apply; a map's last chunk may hold fewer)."""
     if chunk.batch.kind == P.APPLY:
         return 1
-    size = getattr(chunk.batch.sink, "_chunksize", 1) or 1
-    values = getattr(chunk.batch.sink, "_value", None)
-    if isinstance(values, list) and values:
-        return max(0, min(size, len(values) - chunk.index * size))
-    return size
+    first, last = _item_range(chunk)
+    return max(0, last - first + 1)
 
 
 def func_name(func: Any) -> str:
