@@ -70,13 +70,18 @@ def hand_async(ctx: Any, workers: int, rounds: int, size: int, work: float) -> f
         from fibercore.connection import wait as wait_on
     else:
         wait_on = wait
-    left, applied, started = workers * rounds, 0, time.perf_counter()
-    while left:
-        for parent in wait_on(parents):
+    # A worker closes its end after its last round: stop waiting on it then (a fibercore
+    # end reads EOF once the copy that wrote to it is closed, see multiprocessing-compat.md).
+    served = dict.fromkeys(parents, 0)
+    applied, started = 0, time.perf_counter()
+    while served:
+        for parent in wait_on(list(served)):
             w = w - 0.01 * parent.recv()
             applied += 1
-            left -= 1
             parent.send(w)
+            served[parent] += 1
+            if served[parent] == rounds:
+                del served[parent]
     elapsed = time.perf_counter() - started
     for p in procs:
         p.join()
