@@ -51,7 +51,7 @@ from fibercore.wire.handshake import MAX_HANDSHAKE_FRAME, Authenticator, Limits,
 PeerCallback = Callable[[Hashable, bool], None]  # (peer, added?)
 
 __all__ = ["MAX_HANDSHAKE_FRAME", "Authenticator", "DialEndpoint", "Endpoint", "FlowControl", "LaneEndpoint",
-           "Limits", "PeerCallback", "Session", "Transport"]
+           "Limits", "PeerCallback", "Session", "Transport", "Wakeable"]
 
 
 @runtime_checkable
@@ -146,6 +146,22 @@ class LaneEndpoint(Protocol):
     """
 
     def recv_frame(self, timeout: float | None, peer: Hashable) -> memoryview | None: ...
+
+
+@runtime_checkable
+class Wakeable(Protocol):
+    """Optional on listeners: ``wake()`` makes the thread waiting in ``recv`` raise
+    ``TransportTimeout`` soon, before its timeout. The core uses it where an endpoint has it:
+    a queue's creator then reads the broker's connections on the thread that waits in
+    ``get`` (no hand-off from a receiving thread), and a ``put`` from another of its threads
+    wakes that reader. Without it, a receiving thread hands items over.
+
+    1. A ``recv`` waiting when ``wake()`` is called raises ``TransportTimeout`` within a
+       fraction of a second, having lost no frame (what arrived is delivered by later calls).
+    2. A ``wake()`` with nobody in ``recv`` may end the next ``recv`` early the same way.
+    """
+
+    def wake(self) -> None: ...
 
 
 @runtime_checkable

@@ -170,3 +170,85 @@ def test_a_writer_beyond_the_byte_budget_is_held_back_and_nothing_is_lost():
         assert p.exitcode == 0 and broker.held == 0
     finally:
         mp.init()
+
+
+# -- the creator's getter receives on the network itself (a transport that can wake it) --------------
+def _remote_put_once(q):
+    """A queue whose broker has a peer and has received from it (its channel is in use)."""
+    p = mp.Process(target=put_items, args=(q, ["remote"]))
+    p.start()
+    assert q.get(timeout=30) == "remote"
+    p.join(30)
+
+
+def test_a_put_from_another_thread_reaches_a_getter_waiting_on_the_network():
+    """A getter of the creating process may be the one receiving on the broker's channel; a
+    put from another of its threads must still reach it at once (the transport wakes it)."""
+    import threading
+
+    from fibercore.queues.broker import brokers
+
+    q = mp.Queue()
+    _remote_put_once(q)
+    broker = brokers[q._qid]
+    waited = []
+    for i in range(20):
+        timer = threading.Timer(0.05, q.put, args=(i,))
+        timer.start()
+        started = time.monotonic()
+        assert q.get(timeout=10) == i
+        waited.append(time.monotonic() - started)
+        timer.join()
+    assert max(waited) < 1.0, waited
+    if broker.getters_read:
+        assert broker.getter_read_at > 0, "the getter never received on the channel itself"
+
+
+def test_a_dead_readers_item_reaches_a_getter_waiting_on_the_network():
+    """The item a killed reader held comes back to a getter already waiting (no timeout loop)."""
+    import threading
+
+    q, out = mp.Queue(), mp.Queue()
+    for i in range(10):
+        q.put(i)
+    p = mp.Process(target=get_one_then_sleep, args=(q, out))
+    p.start()
+    assert out.get(timeout=30) == "got one"  # it was lent 0-4 and took 0
+    assert sorted(q.get(timeout=10) for _ in range(5)) == [5, 6, 7, 8, 9]
+    got = []
+    getter = threading.Thread(target=lambda: got.append(q.get(timeout=30)))
+    getter.start()
+    time.sleep(0.3)  # the getter waits, receiving on the channel
+    started = time.monotonic()
+    p.kill()
+    p.join(30)
+    getter.join(30)
+    assert got == [1] and time.monotonic() - started < 10
+    assert [q.get(timeout=10) for _ in range(3)] == [2, 3, 4]
+
+
+def test_a_local_getter_and_remote_readers_share_items_exactly_once():
+    """While the creator's getter receives on the channel (its receiving thread rests), remote
+    readers are still served (the test would time out otherwise), and every item is delivered once."""
+    q, out = mp.Queue(), mp.Queue()
+    items = list(range(3000))
+    writer = mp.Process(target=put_items, args=(q, items))
+    readers = [mp.Process(target=drain, args=(q, out)) for _ in range(2)]
+    for p in [writer, *readers]:
+        p.start()
+    mine = []
+    try:
+        while len(mine) < 1000:
+            mine.append(q.get(timeout=5))
+    except queue.Empty:  # the readers took the rest
+        pass
+    writer.join(60)
+    for _ in readers:
+        q.put(None)
+    theirs = []
+    for _ in readers:
+        theirs += out.get(timeout=60)
+    for p in readers:
+        p.join(30)
+        assert p.exitcode == 0
+    assert sorted(mine + theirs) == items  # (who gets more is not specified: waiting readers first)

@@ -588,6 +588,7 @@ class TcpListener:
         self._lock = threading.Lock()  # ``with self._lock`` where nothing waits: a C call
         self._cv = threading.Condition(self._lock)
         self._waiters = 0  # threads in self._cv.wait (notify only when one is there)
+        self._woken = False  # wake() was called: the waiting recv raises TransportTimeout
         self._callbacks: list[PeerCallback] = []
         self._closed = False
         # Authenticated connections are read by the thread waiting in recv (one at a time:
@@ -794,6 +795,15 @@ class TcpListener:
             except (KeyError, ValueError, OSError):
                 pass
 
+    def wake(self) -> None:
+        """:class:`fibercore.transport.Wakeable`: the thread waiting in :meth:`recv` raises
+        TransportTimeout now (the wake-up pipe ends its poll)."""
+        with self._lock:
+            self._woken = True
+            if self._waiters:
+                self._cv.notify_all()
+        self._wake_reader()
+
     def _wake_reader(self) -> None:
         """Wake the thread reading this listener's connections (something changed)."""
         if self._wake is not None:
@@ -872,6 +882,9 @@ class TcpListener:
                         self._cv.wait(READ_STEP if remaining is None else min(READ_STEP, remaining))
                     finally:
                         self._waiters -= 1
+                    if self._woken and not self._inbox:
+                        self._woken = False
+                        raise TransportTimeout(f"woken while waiting on {self.address}")
                     continue
             try:
                 got = self._read_own(max(0.0, remaining) if remaining is not None else None)
@@ -887,6 +900,9 @@ class TcpListener:
                     return self._inbox.popleft()
                 if self._waiters:
                     self._cv.notify()  # a waiting thread may take over the reading
+                if self._woken:
+                    self._woken = False
+                    raise TransportTimeout(f"woken while waiting on {self.address}")
             polled = True
 
     def recv_frame(self, timeout: float | None, peer: Hashable) -> memoryview | None:

@@ -3,7 +3,11 @@
 Two threads: one receives what clients send (and answers at once when no reply is being
 sent), one sends the replies the receiving thread left (grants, RECALLs, acknowledgements).
 The creator's own ``put``/``get`` reach the broker directly (:meth:`Broker.put_local`,
-:meth:`Broker.get_local`), with no network. The rules (leases, grants, recalls, the byte
+:meth:`Broker.get_local`), with no network. Where the transport can wake a waiting receive
+(:class:`~fibercore.transport.Wakeable`), a ``get`` of the creator that waits receives on the
+channel itself and the receiving thread rests meanwhile: an item from another process then
+reaches the getter with no hand-off between threads (one at a time receives, so frames are
+handled in the order they came). The rules (leases, grants, recalls, the byte
 budget) are in :mod:`fibercore.queues`.
 """
 
@@ -31,6 +35,7 @@ from fibercore.queues.protocol import (
     PUT,
     PUTACK,
     PUTSYNC,
+    QUIET,
     RECALL,
     RETURN,
     SIZE,
@@ -65,7 +70,12 @@ class Broker:
         rt = get_runtime()
         self.qid = qid
         self.maxsize = maxsize
-        self.cv = threading.Condition(threading.Lock())
+        lock = threading.Lock()
+        self.cv = threading.Condition(lock)  # local getters, putters and joiners wait here
+        # The dispatch thread waits on its own condition, woken only when it has work: a
+        # wake-up per queue operation (the GIL taken and given back for nothing) cost a
+        # 100-byte round trip through two queues five thread switches in this process.
+        self.work = threading.Condition(lock)
         self.items: deque[list[Any]] = deque()
         self.unfinished = 0
         self.readers: dict[Hashable, Reader] = {}
@@ -86,8 +96,16 @@ class Broker:
         self.peers = 0
         self.departed: deque[tuple[Hashable, float]] = deque()
         self.sending = False  # a thread sends replies (one at a time, in the order they were made)
+        # Who receives on the channel now (one thread at a time, so frames are handled in the
+        # order they came): the receiving thread, or a local getter when the transport can
+        # wake it (then a get costs no hand-off between threads).
+        self.reader: threading.Thread | None = None
+        self.getter_read_at = -math.inf  # when a local getter last received
+        self.getters_read = self.channel.wakeable
+        self.resting = threading.Condition(lock)  # the receiving thread, while getters read
         self._ready: tuple[int, int] | None = None  # a pipe readable while items wait (ready_fd)
         self._ready_set = False
+        self._receiver: threading.Thread | None = None
         threading.Thread(target=self._receive, name=f"fiber-queue-{qid[:8]}-in", daemon=True).start()
         threading.Thread(target=self._dispatch, name=f"fiber-queue-{qid[:8]}-out", daemon=True).start()
 
@@ -139,6 +157,14 @@ class Broker:
     def _changed(self) -> None:
         self._sync_ready()
         self.cv.notify_all()
+        if self._dispatch_due():
+            self.work.notify()
+        if self.items and self.reader is not None and self.reader is not self._receiver:
+            self.channel.wake()  # a getter receiving on the channel: items came another way
+
+    def _dispatch_due(self) -> bool:
+        """Whether the dispatch thread has replies to send (cv held)."""
+        return not self.sending and bool(self.outbox or (self.waiting and (self.items or self._nowait_pending())))
 
     def ready_fd(self) -> int:
         """A descriptor that is readable while items wait here (``multiprocessing.connection.wait``
@@ -149,6 +175,7 @@ class Broker:
                 os.set_blocking(r, False)
                 self._ready, self._ready_set = (r, w), False
                 self._sync_ready()
+                self.resting.notify()  # the receiving thread reads for the descriptor's watchers
             return self._ready[0]
 
     def _sync_ready(self) -> None:
@@ -188,6 +215,8 @@ class Broker:
     def get_local(self, block: bool, timeout: float | None) -> list[Any]:
         deadline = None if timeout is None else time.monotonic() + timeout
         with self.cv:
+            if not self.items and not block and self._may_read():
+                self._read(0.0)  # what the kernel holds already
             if not self.items:
                 if not block:
                     raise Empty
@@ -199,7 +228,12 @@ class Broker:
                         remaining = None if deadline is None else deadline - time.monotonic()
                         if remaining is not None and remaining <= 0:
                             raise Empty
-                        self.cv.wait(remaining)
+                        if self._may_read():
+                            self._read(remaining)
+                        else:
+                            if self.reader is self._receiver:
+                                self.getter_read_at = time.monotonic()  # it leaves the next read to us
+                            self.cv.wait(remaining)
                 finally:
                     self.local_getters -= 1
             parts = self.items.popleft()
@@ -234,6 +268,8 @@ class Broker:
 
     def qsize_local(self) -> int:
         with self.cv:
+            if self._may_read():
+                self._read(0.0)
             return len(self.items) + self._leased_count()
 
     # -- network -----------------------------------------------------------------------------
@@ -246,51 +282,109 @@ class Broker:
                 self.departed.append((peer, time.monotonic()))
 
     def _settle_departed(self) -> None:
+        """Take back what departed peers held, once their last frames were read (cv held)."""
         now = time.monotonic()
         while self.departed and now - self.departed[0][1] > 0.3:
             peer, _ = self.departed.popleft()
             self._forget_peer(peer)
 
     def _forget_peer(self, peer: Hashable) -> None:
-        with self.cv:
-            reader = self.readers.pop(peer, None)
-            if reader is not None:
-                self.items.extendleft(reversed(reader.leased))
-            self.waiting = deque(w for w in self.waiting if w[0] is not peer)
-            self.pending_puts = deque(p for p in self.pending_puts if p[0] is not peer)
-            self.join_waiters = [j for j in self.join_waiters if j[0] is not peer]
-            self._changed()
+        reader = self.readers.pop(peer, None)
+        if reader is not None:
+            self.items.extendleft(reversed(reader.leased))
+        self.waiting = deque(w for w in self.waiting if w[0] is not peer)
+        self.pending_puts = deque(p for p in self.pending_puts if p[0] is not peer)
+        self.join_waiters = [j for j in self.join_waiters if j[0] is not peer]
+        self._changed()
+
+    # -- receiving: by the receiving thread, or by a local getter -----------------------------
+    def _may_read(self) -> bool:
+        """Whether this (local getter's) thread may receive on the channel now (cv held):
+        the transport can wake it, nobody else receives, and no descriptor watches the
+        queue (whoever waits on ``ready_fd`` relies on the receiving thread)."""
+        return self.getters_read and self.reader is None and self._ready is None and not self.closed
+
+    def _read(self, timeout: float | None) -> None:
+        """Receive one frame on this thread and handle it (cv held on entry and exit; released
+        while receiving and sending). A put from another thread wakes it (``channel.wake``)."""
+        self.reader = threading.current_thread()
+        self.cv.release()
+        got = None
+        try:
+            got = self.channel.recv(timeout=timeout)
+        except (TransportTimeout, TransportClosed):
+            pass
+        finally:
+            self.cv.acquire()
+            self.reader = None
+            self.getter_read_at = time.monotonic()
+            self.cv.notify_all()  # another getter may read now
+        if self.departed:
+            self._settle_departed()
+        if got is not None:
+            sends = self._took(*got)
+            if sends:
+                self.cv.release()
+                try:
+                    self._send_replies(sends, block=False)
+                finally:
+                    self.cv.acquire()
+
+    def _getters_read(self) -> bool:
+        """Whether the receiving thread leaves the channel to local getters (cv held): one
+        reads now, or one did within QUIET seconds (a loop of gets: the next comes soon)."""
+        return (self._may_read() or self.reader is not None) and (
+            self.reader is not None or time.monotonic() - self.getter_read_at < QUIET)
 
     def _receive(self) -> None:
+        self._receiver = threading.current_thread()
         while True:
-            if self.departed:
-                self._settle_departed()
+            with self.cv:
+                while True:
+                    if self.departed:
+                        self._settle_departed()
+                    if not self._getters_read():
+                        break
+                    self.resting.wait(QUIET)
+                self.reader = self._receiver
             try:
                 messages, peer = self.channel.recv(timeout=0.25)
             except TransportTimeout:
+                with self.cv:
+                    self.reader = None
+                    self.cv.notify_all()
                 if self.closed and self.peers <= 0 and not self.departed:
                     self.channel.close()
                     return
                 continue
             except TransportClosed:
+                with self.cv:
+                    self.reader = None
+                    self.cv.notify_all()
                 return
             with self.cv:
-                for op, parts in messages:
-                    try:
-                        self._handle(op, parts, peer)
-                    except Exception as exc:  # authentic but malformed: counted and skipped
-                        malformed(self.address, peer, op, exc)
-                if self.held > self.budget and peer not in self.paused and any(op == PUT for op, _ in messages):
-                    # A writer beyond the byte budget: stop reading its connection (its puts
-                    # then block, as on a full queue) until readers take items out.
-                    self.paused.add(peer)
-                    self.channel.pause(peer)
-                # Answer at once from this thread when no other is sending (a hand-off to
-                # the dispatch thread costs a GIL switch, up to 5 ms in a busy process).
-                sends = self._sends_for_this_thread()
-                self._changed()
+                self.reader = None
+                sends = self._took(messages, peer)
             if sends:
                 self._send_replies(sends, block=False)
+
+    def _took(self, messages: list[tuple[int, list[Any]]], peer: Hashable) -> list[tuple[Hashable, list[Any]]]:
+        """Handle a frame's messages (cv held); the replies this thread is to send now."""
+        for op, parts in messages:
+            try:
+                self._handle(op, parts, peer)
+            except Exception as exc:  # authentic but malformed: counted and skipped
+                malformed(self.address, peer, op, exc)
+        if self.held > self.budget and peer not in self.paused and any(op == PUT for op, _ in messages):
+            # A writer beyond the byte budget: stop reading its connection (its puts
+            # then block, as on a full queue) until readers take items out.
+            self.paused.add(peer)
+            self.channel.pause(peer)
+        # Answer at once from this thread when no other is sending (a hand-off to
+        # the dispatch thread costs a GIL switch, up to 5 ms in a busy process).
+        sends = self._sends_for_this_thread()
+        self._changed()
+        return sends
 
     def _handle(self, op: int, parts: list[Any], peer: Hashable) -> None:
         if op == PUT:
@@ -339,11 +433,11 @@ class Broker:
                 while True:
                     if self.waiting and not self.items:
                         self._recall(None)
-                    if not self.sending and (self.outbox or (self.waiting and (self.items or self._nowait_pending()))):
+                    if self._dispatch_due():
                         break
                     if self.closed and self.peers <= 0:
                         return
-                    self.cv.wait(1.0)
+                    self.work.wait(1.0)
                 sends = self._take_sends()
                 self.sending = True
             self._send_replies(sends, block=True)

@@ -57,7 +57,11 @@ class Client:
         rt = get_runtime()
         self.channel = rt.dial("router", address, service="queue")
         self.sender = Sender(self.channel, name=f"fiber-queue-{qid[:8]}-feed")
-        self.cv = threading.Condition(threading.Lock())
+        lock = threading.Lock()
+        self.cv = threading.Condition(lock)  # threads waiting for the broker
+        # The background thread's own condition, so that a reply filed for a waiting
+        # thread does not wake it too (it looks again every QUIET seconds while others wait).
+        self.quiet = threading.Condition(lock)
         self.buffer: deque[list[Any]] = deque()
         self.consumed = 0
         self.outstanding = False
@@ -132,17 +136,16 @@ class Client:
             self.waiters -= 1
             if not self.waiters:
                 self.quiet_since = time.monotonic()
-                self.cv.notify_all()
 
     def _background(self) -> None:
         with self.cv:
             while not self.lost:
                 if self.waiters or self.reading:
-                    self.cv.wait()
+                    self.quiet.wait(QUIET)
                     continue
                 quiet = time.monotonic() - self.quiet_since
                 if quiet < QUIET:
-                    self.cv.wait(QUIET - quiet)
+                    self.quiet.wait(QUIET - quiet)
                     continue
                 if self.owe_ack and not self.outstanding:
                     self.owe_ack = False

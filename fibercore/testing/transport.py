@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 import pytest
 
 from fibercore.errors import AuthenticationError, TransportClosed, TransportError, TransportTimeout
-from fibercore.transport import DialEndpoint, Endpoint, FlowControl, Transport
+from fibercore.transport import DialEndpoint, Endpoint, FlowControl, Transport, Wakeable
 from fibercore.wire.handshake import Authenticator, Limits, Session
 
 
@@ -284,6 +284,43 @@ class TransportConformance:
         listener[0].close()
         t.join(self.timeout)
         assert not t.is_alive() and raised and isinstance(raised[0], TransportClosed)
+
+    # -- waking a receiver (a declared capability) ---------------------------------------------------
+    def test_wake_ends_a_waiting_recv_and_loses_no_frame(self, transport: Transport) -> None:
+        listener = self.listen(transport)
+        endpoint = listener[0]
+        if not isinstance(endpoint, Wakeable):
+            pytest.skip(f"{type(endpoint).__name__} does not declare Wakeable")
+        dialer = self.dial(transport, listener)
+        outcome: list[Any] = []
+
+        def wait() -> None:
+            started = time.monotonic()
+            try:
+                outcome.append(endpoint.recv(30.0))
+            except BaseException as exc:  # what it raised is the point
+                outcome.append(exc)
+            outcome.append(time.monotonic() - started)
+
+        t = threading.Thread(target=wait, daemon=True)
+        t.start()
+        time.sleep(0.3)
+        endpoint.wake()
+        t.join(self.timeout)
+        assert not t.is_alive() and isinstance(outcome[0], TransportTimeout) and outcome[1] < 5.0
+        for i in range(20):  # frames sent around more wakes all arrive, in order
+            dialer.send_parts([i.to_bytes(4, "little")])
+            if i % 5 == 0:
+                endpoint.wake()
+        got: list[int] = []
+        deadline = time.monotonic() + self.timeout
+        while len(got) < 20 and time.monotonic() < deadline:
+            try:
+                data, _ = endpoint.recv(1.0)
+            except TransportTimeout:
+                continue
+            got.append(int.from_bytes(bytes(data[:4]), "little"))
+        assert got == list(range(20))
 
     # -- flow control (a declared capability) -------------------------------------------------------
     def test_pause_stops_a_writer_and_resume_loses_nothing(self, transport: Transport) -> None:

@@ -19,7 +19,7 @@ from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 from fibercore.errors import TransportTimeout
-from fibercore.transport import Endpoint, FlowControl, LaneEndpoint
+from fibercore.transport import Endpoint, FlowControl, LaneEndpoint, Wakeable
 from fibercore.wire.frames import BadFrame, Message, Messages, reject
 from fibercore.wire.handshake import Session
 
@@ -157,6 +157,16 @@ class Channel:
         """Disconnect one peer (it misbehaved)."""
         if isinstance(self.endpoint, FlowControl):
             self.endpoint.drop(peer)
+
+    @property
+    def wakeable(self) -> bool:
+        """Whether :meth:`wake` can end a waiting :meth:`recv` (the transport offers it)."""
+        return isinstance(self.endpoint, Wakeable)
+
+    def wake(self) -> None:
+        """End the waiting :meth:`recv` now (TransportTimeout), where :attr:`wakeable`."""
+        if isinstance(self.endpoint, Wakeable):
+            self.endpoint.wake()
 
     def close(self) -> None:
         self.endpoint.close()
