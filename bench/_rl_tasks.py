@@ -63,3 +63,28 @@ def noop(x: Any) -> Any:
 
 def nothing() -> None:
     return None
+
+
+def put_when_told(q: Any, ready: Any, go: Any, n: int, size: int) -> None:
+    """Say ready, wait for the start, then put ``n`` items of ``size`` bytes."""
+    payload = b"x" * size
+    ready.put(1)
+    go.wait()
+    for _ in range(n):
+        q.put(payload)
+
+
+def get_n(q: Any, done: Any, n: int) -> None:
+    """Take ``n`` items, then say when the last one came."""
+    for _ in range(n):
+        q.get()
+    done.put(time.perf_counter())
+
+
+def send_when_told(conn: Any, go: Any, n: int, size: int) -> None:
+    """Wait for the start, then send ``n`` messages of ``size`` bytes on the Pipe."""
+    payload = b"x" * size
+    go.wait()
+    for _ in range(n):
+        conn.send_bytes(payload)
+    conn.recv_bytes()  # the master has read everything

@@ -14,13 +14,19 @@ which is the usual RL set-up of more simulators than cores):
            500), with and without shared_memory: seconds
   pipe     a 100-byte round trip over a Pipe to one child (send_bytes, echo, recv_bytes)
   queue    a 100-byte round trip through two Queues (the master puts, the child echoes)
+  qrate    100-byte Queue messages/s: the master putting to one child, and N children putting
+           to the master (1 and 4x cores)
+  prate    100-byte Pipe messages/s: N children each sending on its own Pipe, the master
+           receiving from all (1 and 4x cores)
   apply    one apply_async round trip on Pool(N)
   smallnp  Pool(N).map of 64 (numpy array of 8 floats, int) tuples: time per map
   chunk1   Pool(64) and Pool(128) (--quick: 64 only), busy 1 ms tasks with chunksize=1: tasks/s
   noop     Pool(64) and Pool(128), a map of 200,000 no-op items: items/s
-  idle     an idle Pool(4) for 10 s (--quick: 5 s): CPU seconds of the master and its workers
+  idle     an idle Pool(4) for 10 s (--quick: 5 s): CPU milliseconds of the master and its workers
   start    8 Process objects started to their first message
   uss      a Pool worker's unique memory (USS) after its first task
+  es       bench_workloads.py's ES on CartPole (5 generations of 48 candidates) on Pool(N)
+  cma      bench_workloads.py's pycma on a costly 40-D Rastrigin (10 iterations of 24) on Pool(N)
 
 Ratios are fibercore / multiprocessing with each start method; "higher" or "lower" says
 which is better. Every library runs the same functions (bench/_rl_tasks.py, pickled by
@@ -147,6 +153,95 @@ def queue_rtt(lib: Any, n: int) -> float:
     return micros
 
 
+def queue_rate_out(lib: Any, n: int) -> float:
+    """Items/s the master puts to one child that gets them (to the last one's arrival)."""
+    q, done = lib.Queue(), lib.Queue()
+    p = lib.Process(target=T.get_n, args=(q, done, n + 1))
+    p.start()
+    q.put(b"w")  # connected and warm
+    time.sleep(0.3)
+    payload = b"x" * 100
+    t0 = time.perf_counter()
+    for _ in range(n):
+        q.put(payload)
+    end = done.get()
+    p.join(30)
+    return n / (end - t0)
+
+
+def queue_rate_in(lib: Any, writers: int, n: int) -> float:
+    """Items/s the master gets from ``writers`` children putting to one Queue at once."""
+    q, ready, go = lib.Queue(), lib.Queue(), lib.Event()
+    each = n // writers
+    procs = [lib.Process(target=T.put_when_told, args=(q, ready, go, each, 100)) for _ in range(writers)]
+    for p in procs:
+        p.start()
+    for _ in procs:
+        ready.get()
+    t0 = time.perf_counter()
+    go.set()
+    for _ in range(each * writers):
+        q.get()
+    elapsed = time.perf_counter() - t0
+    for p in procs:
+        p.join(30)
+    return each * writers / elapsed
+
+
+def pipe_rate_in(lib: Any, children: int, n: int) -> float:
+    """Messages/s the master receives from ``children`` children, each sending on its own Pipe."""
+    go = lib.Event()
+    each = n // children
+    ends, procs = [], []
+    for _ in range(children):
+        a, b = lib.Pipe()
+        procs.append(lib.Process(target=T.send_when_told, args=(b, go, each, 100)))
+        procs[-1].start()
+        b.close()
+        ends.append(a)
+    time.sleep(0.3)
+    t0 = time.perf_counter()
+    go.set()
+    for _ in range(each):
+        for a in ends:
+            a.recv_bytes()
+    elapsed = time.perf_counter() - t0
+    for a in ends:
+        a.send_bytes(b"done")
+    for p in procs:
+        p.join(30)
+    return each * children / elapsed
+
+
+def _workloads() -> Any:
+    import bench_workloads
+
+    return bench_workloads
+
+
+def es_seconds(lib: Any, workers: int) -> float:
+    """bench_workloads' ES: 5 generations on Pool(workers), after one to warm up."""
+    import numpy as np
+
+    W = _workloads()
+    with lib.Pool(workers) as pool:
+        theta = W.es_generation(pool, np.zeros(W.OBS * W.ACT), 0)
+        t0 = time.perf_counter()
+        for gen in range(1, 6):
+            theta = W.es_generation(pool, theta, gen)
+        return time.perf_counter() - t0
+
+
+def cma_seconds(lib: Any, workers: int) -> float:
+    """bench_workloads' pycma: 10 iterations on Pool(workers), after one to warm up."""
+    W = _workloads()
+    with lib.Pool(workers) as pool:
+        W.cma_run(pool, 1)
+        t0 = time.perf_counter()
+        W.cma_run(pool, 10)
+        return time.perf_counter() - t0
+
+
 def apply_rtt(lib: Any, workers: int, n: int) -> float:
     with lib.Pool(workers) as pool:
         pool.map(T.noop, range(workers * 4), 1)
@@ -188,9 +283,15 @@ def noop_map(lib: Any, workers: int, items: int) -> float:
 
 
 def _cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as fh:
-        fields = fh.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """CPU time of every thread of ``pid`` (from schedstat: nanoseconds, not clock ticks)."""
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as fh:
+                total += int(fh.read().split()[0])
+        except OSError:  # the thread ended meanwhile
+            pass
+    return total / 1e9
 
 
 def _worker_pids(pool: Any) -> list[int]:
@@ -205,7 +306,7 @@ def idle_cpu(lib: Any, seconds: float) -> float:
         pids = [os.getpid(), *_worker_pids(pool)]
         before = sum(_cpu_seconds(p) for p in pids)
         time.sleep(seconds)
-        return sum(_cpu_seconds(p) for p in pids) - before
+        return (sum(_cpu_seconds(p) for p in pids) - before) * 1e3
 
 
 def start8(lib: Any) -> float:
@@ -315,7 +416,8 @@ def plot(path: str) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("sections", nargs="*", help="ppo vecenv pipe queue apply smallnp chunk1 noop idle start uss")
+    parser.add_argument("sections", nargs="*",
+                        help="ppo vecenv pipe queue qrate prate apply smallnp chunk1 noop idle start uss es cma")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--methods", default=",".join(METHODS), help="multiprocessing start methods to compare")
@@ -324,9 +426,8 @@ def main() -> int:
     methods = tuple(m for m in args.methods.split(",") if m)
     ROUNDS[0] = args.rounds
     libs = libraries(methods)
-    want = set(args.sections) or {"ppo", "vecenv", "pipe", "queue", "apply", "smallnp", "chunk1", "noop", "idle",
-                                  "start",
-                                  "uss"}
+    want = set(args.sections) or {"ppo", "vecenv", "pipe", "queue", "qrate", "prate", "apply", "smallnp", "chunk1",
+                                  "noop", "idle", "start", "uss", "es", "cma"}
     quick = args.quick
     few, many = CORES, 4 * CORES
     print(f"{CORES} cores; rounds {args.rounds}; regimes: {few} and {many} processes", flush=True)
@@ -343,6 +444,16 @@ def main() -> int:
         measure("pipe", "100 B round trip", "us", "lower", libs, m, partial(pipe_rtt, n=2000 if quick else 5000))
     if "queue" in want:
         measure("queue", "100 B round trip", "us", "lower", libs, m, partial(queue_rtt, n=1000 if quick else 3000))
+    if "qrate" in want:
+        measure("qrate", "master to 1", "msg/s", "higher", libs, m,
+                partial(queue_rate_out, n=10_000 if quick else 50_000))
+        for n in (1, many):
+            measure("qrate", f"{n} to master", "msg/s", "higher", libs, m,
+                    partial(queue_rate_in, writers=n, n=10_000 if quick else 50_000))
+    if "prate" in want:
+        for n in (1, many):
+            measure("prate", f"{n} to master", "msg/s", "higher", libs, m,
+                    partial(pipe_rate_in, children=n, n=10_000 if quick else 50_000))
     if "apply" in want:
         for n in (few, many):
             measure("apply", f"Pool({n})", "us", "lower", libs, m,
@@ -360,11 +471,17 @@ def main() -> int:
             measure("noop", f"Pool({n})", "items/s", "higher", libs, m, partial(noop_map, workers=n, items=200_000))
     if "idle" in want:
         idle_s = 5.0 if quick else 10.0
-        measure("idle", f"Pool(4), {idle_s:.0f} s", "cpu s", "lower", libs, m, partial(idle_cpu, seconds=idle_s))
+        measure("idle", f"Pool(4), {idle_s:.0f} s", "cpu ms", "lower", libs, m, partial(idle_cpu, seconds=idle_s))
     if "start" in want:
         measure("start", "8 Processes", "s", "lower", libs, m, start8)
     if "uss" in want:
         measure("uss", "Pool(2) worker", "MiB", "lower", libs, m, worker_uss)
+    if "es" in want:
+        for n in (few, many):
+            measure("es", f"Pool({n})", "s", "lower", libs, m, partial(es_seconds, workers=n))
+    if "cma" in want:
+        for n in (few, many):
+            measure("cma", f"Pool({n})", "s", "lower", libs, m, partial(cma_seconds, workers=n))
     if args.report:
         report(args.report, methods)
     return 0

@@ -91,11 +91,19 @@ class AdminHub:
         if launch is not None:
             launch.gone.set()
 
+    def _remote_peers(self) -> list[Hashable]:
+        """The jobs on other machines: only they need heartbeats (a job on this machine has a
+        private connection, which the kernel ends at once when either side exits)."""
+        with self._lock:
+            return [peer for peer in self._by_peer if not getattr(peer, "private", False)]
+
     def _serve(self) -> None:
         last_ping = time.monotonic()
         while True:
+            # Idle with only local jobs: no wake-ups at all (a HELLO from a remote job wakes it).
+            wait = self._interval if self._remote_peers() else None
             try:
-                messages, peer = self.channel.recv(timeout=self._interval)
+                messages, peer = self.channel.recv(timeout=wait)
             except TransportTimeout:
                 messages, peer = [], None
             except TransportClosed:
@@ -139,9 +147,7 @@ class AdminHub:
                 launch.gone.set()
 
     def _ping(self) -> None:
-        with self._lock:
-            peers = list(self._by_peer)
-        for peer in peers:
+        for peer in self._remote_peers():
             try:
                 self.channel.send([(PING, [])], peer)
             except Exception:  # the peer went away meanwhile

@@ -137,10 +137,14 @@ def main() -> int:
 
     channel.on_peer_event(on_peer)
 
+    # On the master's machine the connection is private, and ends the moment the master's
+    # process does: no heartbeat to watch, and no wake-up while idle.
+    beats = not getattr(getattr(channel.endpoint, "peer", None), "private", False)
+
     def watchdog() -> None:
         while True:
             try:
-                channel.recv(timeout=1.0)
+                channel.recv(timeout=1.0 if beats else None)
                 last_heard[0] = time.monotonic()
             except TransportTimeout:
                 if time.monotonic() - last_heard[0] > hb_timeout and not finishing.is_set():

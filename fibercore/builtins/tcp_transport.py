@@ -76,9 +76,9 @@ UNIX_SEND_BUFFER = 4 << 20
 PARTIAL_WAIT = 5.0
 #: Longest a reading thread polls before it looks again at what changed (closed, handed over).
 READ_STEP = 0.05
-#: Longest a waiting read sleeps before it looks again (closing an endpoint wakes it at once):
-#: an idle process wakes about once a second, not 20 times.
-IDLE_STEP = 1.0
+#: Longest a waiting read sleeps before it looks again (closing an endpoint, and every change
+#: a reader must see, wake it at once): an idle process does not wake up.
+IDLE_STEP = 30.0
 #: A listener's reading thread polls before sleeping only this soon after its last frame
 #: (an idle endpoint sleeps at once instead of spinning every READ_STEP).
 SPIN_AFTER = 0.05
@@ -525,10 +525,20 @@ class _Reactor:
         except OSError:
             pass
 
+    def _next_expiry(self) -> float | None:
+        """Seconds until a pending handshake times out (None: none pending, sleep until woken)."""
+        now = time.monotonic()
+        soonest = None
+        for listener in list(self.listeners):
+            for conn in list(listener._pending):
+                left = conn.opened + listener._limits.handshake_timeout - now
+                soonest = left if soonest is None else min(soonest, left)
+        return None if soonest is None else max(0.01, soonest + 0.01)
+
     def _run(self) -> None:
         while True:
             try:
-                events = self.sel.select(0.5)
+                events = self.sel.select(self._next_expiry())
             except OSError:  # pragma: no cover - a descriptor closed under us
                 events = []
             for key, _mask in events:

@@ -34,6 +34,7 @@ def start(recorder: Recorder, host: str, port: int) -> Dashboard:
             raise ConfigError(f"the dashboard needs aiohttp ({exc}): pip install 'fibercore[dashboard]', "
                               "or set dashboard = false") from None
         recorder.always = True
+        recorder.wake()
         recorder.sample()
         try:
             board = Dashboard(recorder, host, port)

@@ -49,7 +49,8 @@ def point(snap: dict[str, Any]) -> dict[str, Any]:
 
 
 class Recorder:
-    """Looks once a second; samples while ``fiber top`` watches or the dashboard is on."""
+    """Samples once a second while ``fiber top`` watches or the dashboard is on; otherwise
+    sleeps on its bell (:func:`fibercore.observe.status.wait_for_bell`)."""
 
     def __init__(self, session: str, backend: str) -> None:
         self.session = session
@@ -63,6 +64,7 @@ class Recorder:
         self._folder = status.status_dir()
         status.announce(session, {"pid": self.pid, "program": " ".join(sys.argv) or sys.executable,
                                   "backend": backend, "started": time.time()})
+        self._bell = status.make_bell(session, self._folder)
         atexit.register(self.close)
         self._thread = threading.Thread(target=self._run, name="fiber-observe", daemon=True)
         self._thread.start()
@@ -75,10 +77,19 @@ class Recorder:
             self.history.append(point(snap))
         return snap
 
+    def wake(self) -> None:
+        """Look now (the dashboard was turned on, or the program ends)."""
+        if self._bell is not None:
+            status.ring(self._bell)
+
     def _run(self) -> None:
-        while not self._stop.wait(INTERVAL):
+        while not self._stop.is_set():
             watched = status.watched(self.session, self._folder)
             if not (watched or self.always):
+                if self._bell is not None:
+                    status.wait_for_bell(self._bell)  # no wake-up at all while nobody looks
+                elif self._stop.wait(INTERVAL):
+                    return
                 continue
             try:
                 snap = self.sample()
@@ -86,10 +97,13 @@ class Recorder:
                     status.write_status(self.session, snap, self._folder)
             except Exception:  # a view must never take the program down
                 log.debug("observe: a sample failed", exc_info=True)
+            if self._stop.wait(INTERVAL):
+                return
 
     def close(self) -> None:
         self._stop.set()
         if os.getpid() == self.pid:
+            self.wake()
             status.withdraw(self.session)
 
 

@@ -5,9 +5,11 @@ For each session whose master runs here:
 * ``<session>.master``: written once when the master starts its first job (its pid, program,
   backend, start time), removed at its exit; ``fiber top`` lists these.
 * ``<session>.watch``: touched by ``fiber top`` about once a second while it shows the session.
-  The master looks at its time once a second (one ``stat``); only while it is fresh does
-  the master sample its objects and write...
+  While it is fresh the master looks at its time once a second (one ``stat``), samples its
+  objects and writes...
 * ``<session>.status``: the latest snapshot (JSON), replaced whole (written beside, renamed).
+* ``<session>.bell``: a FIFO the master's observing thread waits to be opened while nobody
+  looks (no wake-up at all when idle); ``fiber top`` opens it when it touches the watch file.
 
 The directory is ``$FIBER_STATUS_DIR``, else ``$XDG_RUNTIME_DIR/fibercore``, else
 ``/tmp/fibercore-<uid>``: made with mode 0700, and refused when another user owns it or it is
@@ -79,7 +81,7 @@ def announce(session: str, info: dict[str, Any]) -> None:
 def withdraw(session: str) -> None:
     """The master ends: its files go."""
     folder = status_dir(create=False)
-    for suffix in (".master", ".status", ".watch"):
+    for suffix in (".master", ".status", ".watch", ".bell"):
         try:
             os.unlink(folder / f"{session}{suffix}")
         except OSError:
@@ -88,10 +90,53 @@ def withdraw(session: str) -> None:
 
 def watch(session: str) -> None:
     """``fiber top`` looks at ``session``: the master writes its status while this stays fresh."""
-    path = status_dir() / f"{session}.watch"
+    folder = status_dir()
+    path = folder / f"{session}.watch"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
     os.close(fd)
     os.utime(path)
+    ring(folder / f"{session}.bell")
+
+
+def make_bell(session: str, folder: Path) -> Path | None:
+    """The FIFO the master waits on while nobody looks (None where FIFOs cannot be made)."""
+    path = folder / f"{session}.bell"
+    try:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        os.mkfifo(path, 0o600)
+    except (OSError, AttributeError):
+        return None
+    return path
+
+
+def wait_for_bell(path: Path) -> None:
+    """Sleep until someone opens the bell (:func:`ring`), or a second when it is gone."""
+    try:
+        fd = os.open(path, os.O_RDONLY)  # blocks until a writer opens it
+    except OSError:
+        time.sleep(1.0)
+        return
+    try:
+        os.read(fd, 64)
+    finally:
+        os.close(fd)
+
+
+def ring(path: Path) -> None:
+    """Wake a master waiting on its bell (nothing happens when none waits)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError:  # ENXIO: no reader waits (the master is sampling already, or gone)
+        return
+    try:
+        os.write(fd, b"!")
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def watched(session: str, folder: Path) -> bool:
@@ -136,4 +181,5 @@ def sessions() -> list[dict[str, Any]]:
     return found
 
 
-__all__ = ["announce", "read_status", "sessions", "status_dir", "watch", "watched", "withdraw", "write_status"]
+__all__ = ["announce", "make_bell", "read_status", "ring", "sessions", "status_dir", "wait_for_bell", "watch",
+           "watched", "withdraw", "write_status"]

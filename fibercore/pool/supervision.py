@@ -67,6 +67,11 @@ def likely_cause(code: int | None) -> str:
     return "The job vanished without an exit status (node lost, job deleted): see the logs below."
 
 
+#: Seconds between looks at the jobs of a pool whose workers are all connected (each look asks
+#: the backend about every job; a dead worker is noticed by its connection first).
+SETTLED_POLL = 5.0
+
+
 class Supervision:
     """Notices dead and failed workers, reruns their tasks, backs off, autoscales."""
 
@@ -136,7 +141,8 @@ class Supervision:
     def _poll_interval(self) -> float:
         """How often job states are polled: often while jobs start (their start deadline) or
         the pool adapts its size; once a second when it only waits (a job that dies closes
-        its connection, which wakes this thread at once), so an idle pool costs no CPU."""
+        its connection, which wakes this thread at once; on another machine TCP keepalive
+        ends a lost one's within 25 s), so an idle pool costs almost no CPU."""
         fleet = self.fleet
         if self.min_size is not None or self.max_size is not None:
             return 0.1
@@ -146,7 +152,7 @@ class Supervision:
             size = len(slots)
         if not settled:
             return 0.1 if size <= 64 else 0.5
-        return 1.0
+        return SETTLED_POLL
 
     def _poll_workers(self, now: float) -> None:
         with self.shared.lock:

@@ -86,7 +86,7 @@ class Session:
     """One authenticated connection: its keys, counters and send lock. Transports use it
     as the peer handle they report (hashable, by identity)."""
 
-    __slots__ = ("sealer", "opener", "label", "lock", "sending", "deferred", "__weakref__")
+    __slots__ = ("sealer", "opener", "label", "lock", "sending", "deferred", "private", "__weakref__")
 
     def __init__(self, tx_key: bytes, rx_key: bytes, label: str, private: bool = False) -> None:
         self.lock = threading.Lock()  # sealing and sending, so frames leave in counter order
@@ -97,6 +97,9 @@ class Session:
         self.sealer = StreamSealer(tx_key) if private else Sealer(tx_key)
         self.opener = StreamOpener(rx_key) if private else Opener(rx_key)
         self.label = label
+        #: Only the two processes can write into this connection (and both are on one
+        #: machine: the kernel ends it at once when either exits).
+        self.private = private
 
     def __repr__(self) -> str:
         return f"<peer {self.label}>"
