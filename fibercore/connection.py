@@ -277,6 +277,7 @@ class Connection:
         if home is not None:
             if not self._pickled:  # no copy elsewhere can still write: the reader sees EOF
                 home.side_closed(self._side)
+            home.channel.wake()  # a reader of the home (the other end, this one's watcher) looks
             home.release()
 
     def _check_closed(self) -> None:

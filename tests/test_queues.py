@@ -252,3 +252,21 @@ def test_a_local_getter_and_remote_readers_share_items_exactly_once():
         p.join(30)
         assert p.exitcode == 0
     assert sorted(mine + theirs) == items  # (who gets more is not specified: waiting readers first)
+
+
+def test_a_key_holders_huge_counts_do_not_stall_the_broker():
+    """Counts in the protocol are u64s a peer chooses: a GET or SIZE acknowledging 2**64-1
+    items (the fuzzer's edge case) is bounded by what that peer was lent."""
+    from fibercore.queues.protocol import GET, SIZE, u64
+
+    q = mp.Queue()
+    channel = mp.get_runtime().dial("router", q._address, None, service="queue")
+    try:
+        top = u64(2**64 - 1)
+        channel.send([(GET, [top, top, u64(1)]), (SIZE, [u64(7), top])])
+        channel.recv(timeout=10)  # served
+        started = time.monotonic()
+        q.put("after")
+        assert q.get(timeout=10) == "after" and time.monotonic() - started < 5
+    finally:
+        channel.close()

@@ -127,8 +127,9 @@ class NetworkPath:
     def recv_on_lane(self, lane: Lane, timeout: float | None, direct: bool) -> Message | None:
         """Wait on the lane for one frame: its one message when ``direct`` (the hot path of
         a stepped simulator), else filed in the inbox. In the process holding the home it
-        waits in steps, which also watches the other end closing there without a word."""
-        wait = timeout if self.creator_pid != current_pid() else 0.5 if timeout is None else min(timeout, 0.5)
+        waits in steps, which also watches the other end closing there without a word, unless
+        the transport can wake it (closing an end here wakes the home's reader then)."""
+        wait = timeout if self._untimed() else 0.5 if timeout is None else min(timeout, 0.5)
         try:
             messages = lane.recv(wait)
         except TransportClosed:
@@ -141,15 +142,26 @@ class NetworkPath:
         self.inbox.file(messages, self.twin_still_writes)
         return None
 
-    def pull(self, channel: Channel, deadline: float | None, step: float = 0.5,
+    def _untimed(self) -> bool:
+        """Whether a wait for a frame may sleep until one comes: nothing here needs a look in
+        between (a dialled end), or what does wakes the home's reader (a Wakeable transport)."""
+        if self.creator_pid != current_pid():
+            return True
+        channel = self.channel
+        return channel is not None and channel.wakeable
+
+    def pull(self, channel: Channel, deadline: float | None, step: float | None = 0.5,
              direct: bool = False) -> Message | None:
         """Receive one frame into the inbox; EOFError at the end, TransportTimeout after ``deadline``.
 
         ``direct``: a frame of one message (the usual one) is returned instead, when nothing
-        waits in the inbox and no descriptor reports readiness."""
+        waits in the inbox and no descriptor reports readiness. ``step``: the longest wait,
+        unless nothing needs a look in between (then it waits for a frame or a wake-up)."""
         inbox = self.inbox
         if deadline is not None:
-            step = min(step, max(0.0, deadline - time.monotonic()))
+            step = min(step or deadline, max(0.0, deadline - time.monotonic()))
+        elif self._untimed():
+            step = None
         if not inbox.eof and current_pid() == self.creator_pid:
             home = home_of(self.pipe_id, self.creator_pid)
             if home is not None and (1 - self.side) in home.closed_sides:

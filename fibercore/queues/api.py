@@ -197,4 +197,4 @@ def _rebuild(cls: type[Queue], qid: str, address: str, creator: int, maxsize: in
 def _release(qid: str) -> None:
     broker = brokers.pop(qid, None)
     if broker is not None:
-        broker.closed = True
+        broker.release()

@@ -103,6 +103,7 @@ class Broker:
         self.getter_read_at = -math.inf  # when a local getter last received
         self.getters_read = self.channel.wakeable
         self.resting = threading.Condition(lock)  # the receiving thread, while getters read
+        self.rest_untimed = False  # it waits for the reading getter to finish (no timed looks)
         self._ready: tuple[int, int] | None = None  # a pipe readable while items wait (ready_fd)
         self._ready_set = False
         self._receiver: threading.Thread | None = None
@@ -137,9 +138,9 @@ class Broker:
             self.paused.clear()
 
     def _ack(self, reader: Reader, consumed_total: int) -> None:
-        for _ in range(consumed_total - reader.acked):
-            if reader.leased:
-                self._released(reader.leased.popleft())
+        # Bounded by what is leased: a peer's count is a u64 it chose (2**64-1 must not loop).
+        for _ in range(max(0, min(consumed_total - reader.acked, len(reader.leased)))):
+            self._released(reader.leased.popleft())
         reader.acked = max(reader.acked, consumed_total)
 
     def _admit_puts(self) -> None:
@@ -165,6 +166,12 @@ class Broker:
     def _dispatch_due(self) -> bool:
         """Whether the dispatch thread has replies to send (cv held)."""
         return not self.sending and bool(self.outbox or (self.waiting and (self.items or self._nowait_pending())))
+
+    def release(self) -> None:
+        """The queue's last handle here is gone: its threads end once no process uses it."""
+        with self.cv:
+            self.closed = True
+            self._rouse()
 
     def ready_fd(self) -> int:
         """A descriptor that is readable while items wait here (``multiprocessing.connection.wait``
@@ -280,6 +287,15 @@ class Broker:
                 # Frames the peer sent before leaving may still be queued in the
                 # transport: settle its leases a little later, in the receive thread.
                 self.departed.append((peer, time.monotonic()))
+                self._rouse()
+
+    def _rouse(self) -> None:
+        """The receiving thread has something to do (cv held): a departure to settle, or the
+        queue was released; wake it wherever it waits."""
+        self.resting.notify()
+        self.work.notify()
+        if self.reader is not None and self.reader is self._receiver:
+            self.channel.wake()
 
     def _settle_departed(self) -> None:
         """Take back what departed peers held, once their last frames were read (cv held)."""
@@ -319,6 +335,9 @@ class Broker:
             self.reader = None
             self.getter_read_at = time.monotonic()
             self.cv.notify_all()  # another getter may read now
+            if self.rest_untimed:  # the receiving thread looks again (once per long read)
+                self.rest_untimed = False
+                self.resting.notify()
         if self.departed:
             self._settle_departed()
         if got is not None:
@@ -345,10 +364,16 @@ class Broker:
                         self._settle_departed()
                     if not self._getters_read():
                         break
-                    self.resting.wait(QUIET)
+                    # While a getter reads, wait for that read to end (no wake-ups during a
+                    # long get); between reads, look again after QUIET; settle departures soon.
+                    self.rest_untimed = self.reader is not None and not self.departed
+                    self.resting.wait(None if self.rest_untimed else 0.1 if self.departed else QUIET)
+                    self.rest_untimed = False
                 self.reader = self._receiver
+                # Idle, it sleeps until a frame or a wake-up (a departure, the queue's release).
+                wait = 0.25 if self.departed or self.closed or not self.getters_read else None
             try:
-                messages, peer = self.channel.recv(timeout=0.25)
+                messages, peer = self.channel.recv(timeout=wait)
             except TransportTimeout:
                 with self.cv:
                     self.reader = None
@@ -437,7 +462,7 @@ class Broker:
                         break
                     if self.closed and self.peers <= 0:
                         return
-                    self.work.wait(1.0)
+                    self.work.wait()
                 sends = self._take_sends()
                 self.sending = True
             self._send_replies(sends, block=True)

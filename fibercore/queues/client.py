@@ -78,6 +78,7 @@ class Client:
         self.quiet_since = time.monotonic()  # when the last of them stopped waiting
         self.owe_ack = False  # items consumed that the broker has not been told of
         self.lost = False  # the connection ended
+        self.bg_untimed = False  # the background thread waits for the waiters to finish
         threading.Thread(target=self._background, name=f"fiber-queue-{qid[:8]}-recv", daemon=True).start()
 
     def _file(self, messages: list[tuple[int, list[Any]]]) -> None:
@@ -136,13 +137,23 @@ class Client:
             self.waiters -= 1
             if not self.waiters:
                 self.quiet_since = time.monotonic()
+                if self.bg_untimed:  # the background thread waits for this: once per long wait
+                    self.bg_untimed = False
+                    self.quiet.notify()
 
     def _background(self) -> None:
+        looked = False
         with self.cv:
             while not self.lost:
                 if self.waiters or self.reading:
-                    self.quiet.wait(QUIET)
+                    # Looked once already and they still wait (a long get): wait for them to
+                    # finish instead of looking every QUIET seconds.
+                    self.bg_untimed = looked
+                    self.quiet.wait(None if looked else QUIET)
+                    self.bg_untimed = False
+                    looked = True
                     continue
+                looked = False
                 quiet = time.monotonic() - self.quiet_since
                 if quiet < QUIET:
                     self.quiet.wait(QUIET - quiet)
@@ -150,7 +161,7 @@ class Client:
                 if self.owe_ack and not self.outstanding:
                     self.owe_ack = False
                     self.sender.put((RETURN, [u64(self.consumed), u64(0)]))
-                self._receive_once(1.0)
+                self._receive_once(None)  # until the broker says something, or the end
 
     def request(self, op: int, extra: list[Any], timeout: float | None,
                 req: bytes | None = None) -> list[Any] | None:

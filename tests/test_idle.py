@@ -1,0 +1,68 @@
+"""An idle program costs nothing: no thread of the master or of its jobs wakes up while a Pool
+waits for work, a queue reader waits for an item, or a Pipe end waits for a message
+(multiprocessing's idle Pool wakes none either)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from tests.test_dropin import run_script
+
+PROGRAM = """
+    import json, os, sys, time
+    sys.path.insert(0, {root!r})
+    import fibercore as mp
+    from tests.helpers import drain, pipe_collect
+
+    def switches(pids):
+        found = {{}}
+        for pid in pids:
+            for tid in os.listdir(f"/proc/{{pid}}/task"):
+                try:
+                    with open(f"/proc/{{pid}}/task/{{tid}}/status") as fh:
+                        text = fh.read()
+                except OSError:
+                    continue
+                found[f"{{pid}}/{{tid}}"] = int(text.split("voluntary_ctxt_switches:")[1].split()[0])
+        return found
+
+    if __name__ == "__main__":
+        with mp.Pool(2) as pool:
+            pool.map(abs, range(8), 1)
+            q, out = mp.Queue(), mp.Queue()
+            reader = mp.Process(target=drain, args=(q, out))  # waits in q.get()
+            reader.start()
+            a, b = mp.Pipe()
+            collector = mp.Process(target=pipe_collect, args=(b, 1))  # waits in recv()
+            collector.start()
+            b.close()
+            time.sleep(2.0)  # settled
+            pids = [os.getpid(), reader.pid, collector.pid, *(w.pid for w in pool.workers())]
+            before = switches(pids)
+            time.sleep(4.0)
+            after = switches(pids)
+            woke = {{t: after[t] - before[t] for t in after if t in before and after[t] > before[t]}}
+            print(json.dumps(woke))
+            q.put(None)
+            assert out.get(timeout=30) == []
+            a.send("one")
+            assert a.recv() == ["one"]
+            for p in (reader, collector):
+                p.join(30)
+"""
+
+
+def test_an_idle_program_wakes_no_thread(tmp_path):
+    import fibercore as mp
+
+    if mp.get_runtime().config.get("transport") != "tcp":
+        pytest.skip("a property of the built-in transport (fiber-nng's threads look every 0.5 s "
+                    "and it has no private connections, so its jobs get heartbeats)")
+    out = run_script(tmp_path, PROGRAM.format(root=os.getcwd()), timeout=120)
+    assert out.returncode == 0, out.stderr
+    woke = json.loads(out.stdout.strip().splitlines()[-1])
+    # A settled pool looks at its jobs every 5 s (one wake-up in 4 s at most); nothing else.
+    assert sum(woke.values()) <= 2, f"threads woke while idle (pid/tid: wake-ups in 4 s): {woke}"
