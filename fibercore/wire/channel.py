@@ -40,6 +40,9 @@ class Channel:
         self._peers: list[Session] = []
         self._peers_cv = threading.Condition(threading.Lock())
         self._receiving = threading.Lock()  # held while a thread takes and opens a frame
+        #: Whether :meth:`wake` can end a waiting :meth:`recv` (asked once: an isinstance
+        #: check against a runtime protocol costs microseconds, and hot paths ask).
+        self.wakeable = isinstance(endpoint, Wakeable)
         if listening:
             endpoint.on_peer_event(self._track)
 
@@ -158,15 +161,10 @@ class Channel:
         if isinstance(self.endpoint, FlowControl):
             self.endpoint.drop(peer)
 
-    @property
-    def wakeable(self) -> bool:
-        """Whether :meth:`wake` can end a waiting :meth:`recv` (the transport offers it)."""
-        return isinstance(self.endpoint, Wakeable)
-
     def wake(self) -> None:
         """End the waiting :meth:`recv` now (TransportTimeout), where :attr:`wakeable`."""
-        if isinstance(self.endpoint, Wakeable):
-            self.endpoint.wake()
+        if self.wakeable:
+            self.endpoint.wake()  # type: ignore[attr-defined]
 
     def close(self) -> None:
         self.endpoint.close()
