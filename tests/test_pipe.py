@@ -266,3 +266,31 @@ def test_a_child_end_keeps_sending_while_the_reader_stops_and_nothing_is_lost():
     assert got[-1] == b"end" and all(len(x) == 64 << 10 for x in got[:-1])
     p.join(30)
     assert p.exitcode == 0
+
+
+@pytest.mark.parametrize("how", ["recv", "wait", "poll"])
+def test_a_killed_childs_end_reads_eof_while_the_creator_waits(how):
+    """No word from a SIGKILLed child (no CLOSE frame): the creator, already waiting, still
+    learns at once that the other end is gone (its reader is woken, not left to time out)."""
+    import os
+    import signal
+    import threading
+
+    from fibercore.connection import wait
+
+    a, b = mp.Pipe()
+    child = mp.Process(target=pipe_collect, args=(b, 2))
+    child.start()
+    b.close()
+    a.send(1)
+    threading.Timer(0.5, os.kill, (child.pid, signal.SIGKILL)).start()
+    started = time.monotonic()
+    if how == "recv":
+        with pytest.raises(EOFError):
+            a.recv()
+    elif how == "wait":
+        assert wait([a], 20) == [a]
+    else:
+        assert a.poll(20)
+    assert time.monotonic() - started < 5
+    child.join(10)

@@ -86,6 +86,8 @@ class NetworkPath:
             self.inbox.eof = False
         elif (channel is None or not channel.listening or channel.peer_count == 0) and not self.twin_still_writes():
             self.inbox.eof = True  # the (last) process using the other end left
+            if channel is not None:
+                channel.wake()  # a reader waiting for a frame looks now (it may wait untimed)
 
     def twin_still_writes(self) -> bool:
         """A copy of the other end closed, but another may still write: more processes are
