@@ -457,13 +457,19 @@ def _install_exit_handlers() -> None:
     if threading.current_thread() is threading.main_thread():
         try:
             if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+                installer = os.getpid()
+
                 def on_sigterm(signum: int, frame: Any) -> None:
                     # The master stops every job at once. A job's own children outlive it
                     # briefly, as multiprocessing's do (parent_process() turns not alive),
-                    # then leave by themselves: no orphan either way.
-                    from fibercore.runtime import get_runtime
+                    # then leave by themselves: no orphan either way. A process forked from
+                    # it (a multiprocessing fork child) inherits this handler but not the
+                    # jobs: it just ends, as it would without fibercore (its copy of our
+                    # state may hold locks taken at the fork: touching it could hang).
+                    if os.getpid() == installer:
+                        from fibercore.runtime import get_runtime
 
-                    _terminate_all(force=True, connected_too=not get_runtime().is_worker)
+                        _terminate_all(force=True, connected_too=not get_runtime().is_worker)
                     signal.signal(signal.SIGTERM, signal.SIG_DFL)
                     os.kill(os.getpid(), signal.SIGTERM)
 

@@ -463,3 +463,41 @@ def test_a_jobs_child_outlives_its_terminated_parent_briefly_then_leaves():
     while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not os.path.exists(f"/proc/{pid}"), "the grandchild was left running"
+
+
+def test_a_multiprocessing_fork_child_of_a_master_leaves_its_jobs_alone(tmp_path):
+    """A multiprocessing fork Pool in a fibercore master: terminating it (SIGTERM to its
+    children) must neither hang nor let the forked children stop the master's own jobs with
+    the SIGTERM handler they inherited."""
+    out = run_script(tmp_path, """
+        import os, time, multiprocessing
+        import fibercore as mp
+        from fibercore.testing.conformance import sleep_for
+
+        def noop(x):
+            return x
+
+        if __name__ == "__main__":
+            job = mp.Process(target=sleep_for, args=(120,))
+            job.start()
+            with mp.Pool(2) as ours:
+                ours.map(noop, range(4), 1)
+                before = sorted(w.pid for w in ours.workers())
+                slowest = 0.0
+                for _ in range(3):
+                    theirs = multiprocessing.get_context("fork").Pool(2)
+                    theirs.map(noop, range(8))
+                    started = time.monotonic()
+                    theirs.terminate()
+                    theirs.join()
+                    slowest = max(slowest, time.monotonic() - started)
+                print("terminated in under 10 s", slowest < 10)
+                print("our workers untouched", sorted(w.pid for w in ours.workers()) == before)
+                print("our pool serves", ours.map(noop, range(4), 1) == [0, 1, 2, 3])
+            print("our job alive", job.is_alive())
+            job.kill()
+            job.join(10)
+    """, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["terminated in under 10 s True", "our workers untouched True",
+                                       "our pool serves True", "our job alive True"]
