@@ -341,3 +341,25 @@ def test_fiber_run_dashboard_starts_it_in_the_master_it_runs(tmp_path: Path) -> 
     assert "result 7 url True" in out.stdout, out
     assert re.search(r"^fibercore: dashboard at http://127\.0\.0\.1:\d+/\?token=\S{20,}$", out.stderr + out.stdout,
                      re.M), out
+
+
+@pytest.mark.forks_master
+def test_a_child_forked_from_a_master_leaves_the_masters_status_alone(tmp_path: Path, monkeypatch: Any) -> None:
+    monkeypatch.setenv("FIBER_STATUS_DIR", str(tmp_path))
+    rec_mod._recorder = None
+    with mp.Pool(1) as pool:
+        pool.apply(abs, (-1,))
+        found = rec_mod.master_started()
+        assert found is not None and [s["pid"] for s in status.sessions()] == [os.getpid()]
+        pid = os.fork()
+        if pid == 0:  # the child: starting jobs here must not announce (or later remove) the session
+            code = 1
+            try:
+                code = 0 if rec_mod.master_started() is None else 3
+            finally:
+                os._exit(code)
+        _, code = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(code) == 0
+        assert [s["pid"] for s in status.sessions()] == [os.getpid()]
+    found.close()
+    rec_mod._recorder = None

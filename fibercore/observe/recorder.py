@@ -145,6 +145,8 @@ def _make() -> Recorder | None:
     rt = get_runtime()
     if rt.is_worker or _unseen:
         return None
+    if _recorder is not None and _recorder.pid != os.getpid():
+        return None  # a child forked from a master: the master is the program fiber top shows
     with _lock:
         if _recorder is None or _recorder.pid != os.getpid():
             try:
