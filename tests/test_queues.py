@@ -270,3 +270,90 @@ def test_a_key_holders_huge_counts_do_not_stall_the_broker():
         assert q.get(timeout=10) == "after" and time.monotonic() - started < 5
     finally:
         channel.close()
+
+
+class _RawReader:
+    """A queue client speaking the protocol frame by frame (what the broker sends, in order)."""
+
+    def __init__(self, q):
+        self.channel = mp.get_runtime().dial("router", q._address, None, service="queue")
+        self.consumed = 0
+
+    def send(self, op, *words):
+        from fibercore.queues.protocol import u64
+
+        self.channel.send([(op, [u64(w) for w in words])])
+
+    def get(self, want=4096):
+        from fibercore.queues.protocol import GET
+
+        self.send(GET, want, self.consumed, 0)
+
+    def messages(self, timeout):
+        """What arrives within ``timeout`` seconds: (op, item) pairs."""
+        from fibercore.errors import TransportTimeout
+
+        got = []
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                messages, _ = self.channel.recv(timeout=left)
+            except TransportTimeout:
+                break
+            for op, parts in messages:
+                item = mp.get_runtime().serializer.loads(parts) if parts else None
+                got.append((op, item))
+            if got:
+                break
+        return got
+
+
+def test_a_reader_left_waiting_gets_what_a_prefetching_reader_was_lent():
+    """A Ring's rendezvous: three items, three readers. The first is lent two, takes one and
+    asks for more ahead of need; the second takes the third. When the last comes to wait, the
+    first is recalled, and the item it gives back goes to the last reader, not back to the
+    first (whose GET, out ahead of need, would have taken it while the last waited forever);
+    nothing is lent to the first until it answered."""
+    from fibercore.queues.protocol import ITEM, RECALL, RETURN
+
+    q = mp.Queue()
+    for i in range(3):
+        q.put(i)
+    a, b, c = _RawReader(q), _RawReader(q), _RawReader(q)
+    try:
+        a.get()
+        assert a.messages(10) == [(ITEM, 0), (ITEM, 1)]  # half the backlog
+        a.consumed = 1
+        b.get()
+        assert b.messages(10) == [(ITEM, 2)]
+        a.get()  # ahead of need: item 1 is still here
+        assert a.messages(0.3) == []
+        c.get()
+        assert a.messages(10) == [(RECALL, None)]
+        q.put("late")  # lent to c, who waits with nothing: a was asked to give back
+        assert c.messages(10) == [(ITEM, "late")]
+        a.send(RETURN, 1, 1)  # item 1 back; a's GET is withdrawn
+        assert a.messages(0.3) == []
+        assert q.get(timeout=10) == 1
+        assert q.qsize() == 2  # b's and c's items, lent and not acknowledged
+    finally:
+        for r in (a, b, c):
+            r.channel.close()
+
+
+def test_readers_that_take_one_item_each_all_get_one():
+    """The same through real processes: each reader takes one item and keeps running."""
+    q, out = mp.Queue(), mp.Queue()
+    for i in range(3):
+        q.put(i)
+    readers = []
+    try:
+        for _ in range(3):
+            p = mp.Process(target=get_one_then_sleep, args=(q, out))
+            p.start()
+            readers.append(p)
+        assert [out.get(timeout=30) for _ in range(3)] == ["got one"] * 3
+    finally:
+        for p in readers:
+            p.kill()
+            p.join(30)

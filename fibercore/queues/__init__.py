@@ -15,8 +15,10 @@ Exactly once, with batching:
      backlog per reader) and keeps them *leased* to that reader;
   3. the reader acknowledges what it consumed in its next request (or, after
      ``QUIET`` seconds without one, from its background thread);
-  4. when another reader waits on an empty queue, the broker RECALLs leased but
-     unconsumed items, and the holder RETURNs them (they go back to the front);
+  4. when another reader waits on an empty queue with nothing lent to it, the broker
+     RECALLs leased but unconsumed items, and the holder RETURNs them (they go back to
+     the front); nothing more is lent to a reader until it answered its RECALL, and the
+     RETURN withdraws its GET (it asks again if it still wants items);
   5. a reader whose connection drops has its unacknowledged items put back.
 The creator's own ``put``/``get`` touch the broker directly (no network).
 ``qsize()`` counts queued and leased items, so it is exact when readers are idle.

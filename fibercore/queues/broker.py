@@ -155,6 +155,18 @@ class Broker:
                 reader.recalled = True
                 self.outbox.append((peer, [(RECALL, [])]))
 
+    def _recall_for_starved(self) -> None:
+        """RECALL lent items when a remote reader waits with nothing lent and nothing is here
+        (cv held). A waiting reader that still holds items asked ahead of need: it is not
+        starved, and recalling for it alone would undo every prefetch of a reader keeping up."""
+        if self.items:
+            return
+        for peer, _, _ in self.waiting:
+            reader = self.readers.get(peer)
+            if reader is not None and not reader.leased:
+                self._recall(None)
+                return
+
     def _changed(self) -> None:
         self._sync_ready()
         self.cv.notify_all()
@@ -428,6 +440,9 @@ class Broker:
                 back = [reader.leased.pop() for _ in range(n)]
                 self.items.extendleft(back)  # popped last-first: extendleft restores order
                 reader.recalled = False
+                # A RETURN withdraws the reader's GET (the client counts it answered).
+                if any(w[0] is peer for w in self.waiting):
+                    self.waiting = deque(w for w in self.waiting if w[0] is not peer)
         elif op == PUTSYNC:
             self.pending_puts.append((peer, bytes(parts[0]), parts[1:]))
             self._admit_puts()
@@ -456,8 +471,7 @@ class Broker:
         while True:
             with self.cv:
                 while True:
-                    if self.waiting and not self.items:
-                        self._recall(None)
+                    self._recall_for_starved()
                     if self._dispatch_due():
                         break
                     if self.closed and self.peers <= 0:
@@ -483,7 +497,10 @@ class Broker:
                 pass
         with self.cv:
             self.sending = False
-            if self.outbox:
+            # What others left while this thread sent (they skip sending meanwhile): a reader
+            # that came to wait, items for waiting readers. The dispatch thread takes it.
+            self._recall_for_starved()
+            if self._dispatch_due():
                 self._changed()
 
     def _sends_for_this_thread(self) -> list[tuple[Hashable, list[Any]]]:
@@ -495,15 +512,21 @@ class Broker:
         return sends
 
     def _take_sends(self) -> list[tuple[Hashable, list[Any]]]:
-        """Replies due now (cv held): the outbox, then batches for the waiting readers."""
-        if self.waiting and not self.items:
-            self._recall(None)
+        """Replies due now (cv held): the outbox, then batches for the waiting readers, then
+        RECALLs when a reader is left waiting with nothing (all of it in one list, in order)."""
         sends = self.outbox
         self.outbox = []
+        recalled: list[tuple[Hashable, int, bool]] = []
         while self.waiting and (self.items or self.waiting[0][2]):
-            peer, want, nowait = self.waiting.popleft()
+            entry = peer, want, nowait = self.waiting.popleft()
             reader = self.readers.get(peer)
             if reader is None:
+                continue
+            if reader.recalled:
+                # Nothing is lent to a reader asked to give back: its RETURN counts items from
+                # the end of its lease, and withdraws this GET (the client asks again if a
+                # thread of it really waits).
+                recalled.append(entry)
                 continue
             if not self.items:
                 sends.append((peer, [(EMPTY, [])]))
@@ -517,7 +540,11 @@ class Broker:
                 size += item_bytes(batch[-1])
             reader.leased.extend(batch)
             sends.append((peer, [(ITEM, parts) for parts in batch]))
+        self.waiting.extendleft(reversed(recalled))
         self._admit_puts()
+        self._recall_for_starved()
+        sends += self.outbox
+        self.outbox = []
         return sends
 
     def _nowait_pending(self) -> bool:

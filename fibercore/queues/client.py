@@ -97,6 +97,9 @@ class Client:
                 n = len(self.buffer)
                 self.buffer.clear()
                 self.owe_ack = False
+                # The RETURN also withdraws a GET still out (the broker lends nothing to a
+                # reader it recalled): a getter that waits asks again, behind the others.
+                self.outstanding = False
                 self.sender.put((RETURN, [u64(self.consumed), u64(n)]))
             elif op in (PUTACK, SIZEIS, JOINED, CANCELLED):
                 self.replies[bytes(parts[0])] = [op, *parts[1:]]

@@ -15,6 +15,8 @@ the pool's and the managers' protocols. Requests that expect a reply start with 
     JOIN req                                  JOINED req
 
 ``consumed`` is how many lent items the client has taken so far: it acknowledges them.
+A RETURN also withdraws the client's GET, if one is out: nothing is lent between a RECALL
+and its RETURN, and a client counts its GET answered once it returned.
 """
 
 from __future__ import annotations
