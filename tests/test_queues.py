@@ -357,3 +357,17 @@ def test_readers_that_take_one_item_each_all_get_one():
         for p in readers:
             p.kill()
             p.join(30)
+
+
+def test_a_getter_of_a_queue_whose_channel_closed_waits_instead_of_spinning():
+    """The broker's channel closed under a local getter (interpreter teardown): get() times out
+    as usual, without spinning on the closed channel."""
+    from fibercore.queues.broker import brokers
+
+    q = mp.Queue()
+    broker = brokers[q._qid]
+    broker.channel.close()
+    started, cpu = time.monotonic(), time.thread_time()
+    with pytest.raises(queue.Empty):
+        q.get(timeout=1.0)
+    assert time.monotonic() - started >= 0.9 and time.thread_time() - cpu < 0.5

@@ -340,8 +340,10 @@ class Broker:
         got = None
         try:
             got = self.channel.recv(timeout=timeout)
-        except (TransportTimeout, TransportClosed):
+        except TransportTimeout:
             pass
+        except TransportClosed:  # getters wait on the condition from now on (no loop on this)
+            self.getters_read = False
         finally:
             self.cv.acquire()
             self.reader = None
