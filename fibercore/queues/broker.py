@@ -366,8 +366,9 @@ class Broker:
     def _getters_read(self) -> bool:
         """Whether the receiving thread leaves the channel to local getters (cv held): one
         reads now, or one did within QUIET seconds (a loop of gets: the next comes soon)."""
-        return (self._may_read() or self.reader is not None) and (
-            self.reader is not None or time.monotonic() - self.getter_read_at < QUIET)
+        if self.reader is not None:
+            return True
+        return self._may_read() and time.monotonic() - self.getter_read_at < QUIET
 
     def _receive(self) -> None:
         self._receiver = threading.current_thread()
@@ -386,24 +387,27 @@ class Broker:
                 self.reader = self._receiver
                 # Idle, it sleeps until a frame or a wake-up (a departure, the queue's release).
                 wait = 0.25 if self.departed or self.closed or not self.getters_read else None
+            got, ended = None, False
             try:
-                messages, peer = self.channel.recv(timeout=wait)
+                got = self.channel.recv(timeout=wait)
             except TransportTimeout:
-                with self.cv:
-                    self.reader = None
-                    self.cv.notify_all()
+                pass
+            except TransportClosed:
+                ended = True
+            with self.cv:  # the frame is handled before another thread may receive the next
+                self.reader = None
+                if got is None:
+                    self.cv.notify_all()  # a getter may receive now
+                    sends = []
+                else:
+                    sends = self._took(*got)
+            if ended:
+                return
+            if got is None:
                 if self.closed and self.peers <= 0 and not self.departed:
                     self.channel.close()
                     return
                 continue
-            except TransportClosed:
-                with self.cv:
-                    self.reader = None
-                    self.cv.notify_all()
-                return
-            with self.cv:
-                self.reader = None
-                sends = self._took(messages, peer)
             if sends:
                 self._send_replies(sends, block=False)
 
