@@ -64,5 +64,6 @@ def test_an_idle_program_wakes_no_thread(tmp_path):
     out = run_script(tmp_path, PROGRAM.format(root=os.getcwd()), timeout=120)
     assert out.returncode == 0, out.stderr
     woke = json.loads(out.stdout.strip().splitlines()[-1])
-    # A settled pool looks at its jobs every 5 s (one wake-up in 4 s at most); nothing else.
-    assert sum(woke.values()) <= 2, f"threads woke while idle (pid/tid: wake-ups in 4 s): {woke}"
+    # The measuring thread's own sleep, and nothing else: a settled pool of local workers looks
+    # at its jobs once a minute (their connections end with them).
+    assert sum(woke.values()) <= 1, f"threads woke while idle (pid/tid: wake-ups in 4 s): {woke}"

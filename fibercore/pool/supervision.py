@@ -70,6 +70,10 @@ def likely_cause(code: int | None) -> str:
 #: Seconds between looks at the jobs of a pool whose workers are all connected (each look asks
 #: the backend about every job; a dead worker is noticed by its connection first).
 SETTLED_POLL = 5.0
+#: The same when every worker runs on this machine: their private connections end the moment
+#: their jobs do (which wakes the supervisor at once), so the look is only a safety net for a
+#: connection a job's own forked child kept open; an idle pool then wakes no thread.
+LOCAL_SETTLED_POLL = 60.0
 
 
 class Supervision:
@@ -142,7 +146,8 @@ class Supervision:
         """How often job states are polled: often while jobs start (their start deadline) or
         the pool adapts its size; once a second when it only waits (a job that dies closes
         its connection, which wakes this thread at once; on another machine TCP keepalive
-        ends a lost one's within 25 s), so an idle pool costs almost no CPU."""
+        ends a lost one's within 25 s): every :data:`SETTLED_POLL` seconds, or
+        :data:`LOCAL_SETTLED_POLL` when every worker is on this machine."""
         fleet = self.fleet
         if self.min_size is not None or self.max_size is not None:
             return 0.1
@@ -152,6 +157,8 @@ class Supervision:
             size = len(slots)
         if not settled:
             return 0.1 if size <= 64 else 0.5
+        if size >= fleet.target and all(getattr(w.peer, "private", False) for w in slots):
+            return LOCAL_SETTLED_POLL
         return SETTLED_POLL
 
     def _poll_workers(self, now: float) -> None:
