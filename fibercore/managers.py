@@ -129,6 +129,7 @@ class _Server:
         self._serve(first=True)
 
     def _serve(self, first: bool = False) -> None:
+        untimed = self.channel.wakeable
         while not self.stop.is_set():
             with self.lock:
                 self.idle += 1
@@ -137,7 +138,9 @@ class _Server:
             # join their lanes in the order they arrived; running them is parallel.
             with self.intake:
                 try:
-                    messages, peer = self.channel.recv(timeout=0.5)
+                    # The first thread sleeps until a request (shutdown closes the channel);
+                    # the others look every 0.5 s, so that spare ones leave once idle.
+                    messages, peer = self.channel.recv(timeout=None if first and untimed else 0.5)
                 except TransportError as exc:
                     messages, failure = [], exc
                 else:

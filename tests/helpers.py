@@ -48,6 +48,12 @@ def pipe_collect(conn: Any, n: int) -> None:
     conn.send([conn.recv() for _ in range(n)])
 
 
+def wait_for_event(event: Any, shared: Any) -> None:
+    """Wait for ``event`` (a synchronization service's), then record it in ``shared`` (a
+    manager's dict)."""
+    shared["waited"] = event.wait(120)
+
+
 def pipe_bytes_echo(conn: Any) -> None:
     conn.send_bytes(conn.recv_bytes() * 2)
 

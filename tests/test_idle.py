@@ -1,6 +1,7 @@
 """An idle program costs nothing: no thread of the master or of its jobs wakes up while a Pool
-waits for work, a queue reader waits for an item, or a Pipe end waits for a message
-(multiprocessing's idle Pool wakes none either)."""
+waits for work, a queue reader waits for an item, a Pipe end waits for a message, or a job
+waits for an Event while a manager serves nobody (multiprocessing's idle Pool wakes none
+either)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ PROGRAM = """
     import json, os, sys, time
     sys.path.insert(0, {root!r})
     import fibercore as mp
-    from tests.helpers import drain, pipe_collect
+    from tests.helpers import drain, pipe_collect, wait_for_event
 
     def switches(pids):
         found = {{}}
@@ -39,8 +40,13 @@ PROGRAM = """
             collector = mp.Process(target=pipe_collect, args=(b, 1))  # waits in recv()
             collector.start()
             b.close()
+            manager = mp.Manager()
+            shared, event = manager.dict(), mp.Event()
+            waiter = mp.Process(target=wait_for_event, args=(event, shared))  # waits in event.wait()
+            waiter.start()
             time.sleep(2.0)  # settled
-            pids = [os.getpid(), reader.pid, collector.pid, *(w.pid for w in pool.workers())]
+            pids = [os.getpid(), reader.pid, collector.pid, waiter.pid, manager._process.pid,
+                    *(w.pid for w in pool.workers())]
             before = switches(pids)
             time.sleep(4.0)
             after = switches(pids)
@@ -50,8 +56,11 @@ PROGRAM = """
             assert out.get(timeout=30) == []
             a.send("one")
             assert a.recv() == ["one"]
-            for p in (reader, collector):
+            event.set()
+            for p in (reader, collector, waiter):
                 p.join(30)
+            assert shared["waited"] is True
+            manager.shutdown()
 """
 
 

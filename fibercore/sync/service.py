@@ -230,12 +230,15 @@ class SyncService:
     # -- the service thread -------------------------------------------------------------------------
     def _serve(self) -> None:
         checked = time.monotonic()
+        # Idle, it sleeps until a request comes (where the transport can be woken: a slow
+        # peer's outbox, made by another thread, wakes it to watch that peer every second).
+        untimed = self.channel.wakeable
         while True:
             if self._boxes and time.monotonic() - checked > 1.0:
                 checked = time.monotonic()
                 self._check_stuck()
             try:
-                messages, peer = self.channel.recv(1.0)
+                messages, peer = self.channel.recv(None if untimed and not self._boxes else 1.0)
             except TransportClosed:
                 return
             except TransportError:
@@ -316,6 +319,7 @@ class SyncService:
                         return  # the caller's process is gone: its loss is handled by _peer_event
                 box = self._boxes[peer] = _Outbox()
                 threading.Thread(target=self._drain, args=(peer, box), name="fiber-sync-out", daemon=True).start()
+                self.channel.wake()  # the service thread watches the slow peer from now on
             box.messages.append((message, size))
             box.bytes += size
             if box.bytes > OUTBOX_BYTES:

@@ -337,7 +337,13 @@ class BackendConformance:
             p.start()
         assert counter.value == 0 and not go.is_set()
         go.set()
-        assert barrier.wait() in (0, 1, 2)
+        try:
+            assert barrier.wait() in (0, 1, 2)
+        except fc.BrokenBarrierError as exc:  # say what happened to the parties (a rare CI failure)
+            for p in jobs:
+                p.join(10)
+            told = "; ".join(f"{p.name}: exit code {p.exitcode}, logs: {p.logs()[-2000:]!r}" for p in jobs)
+            raise AssertionError(f"the barrier broke ({exc}); {told}") from exc
         assert counter.value == 400 and not barrier.broken
         for p in jobs:
             p.join(self.timeout)
