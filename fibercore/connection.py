@@ -100,11 +100,23 @@ class Connection:
         return self._network.start_sender(lambda: _peer_gone(ref))
 
     def _send(self, op: int, parts: list[Any]) -> None:
+        line = self._network.line
+        if line is not None:  # connected, one peer: the line, when the sender is idle
+            try:
+                if line.send(op, parts):
+                    return
+            except TransportClosed as exc:
+                raise BrokenPipeError(f"the other end of the pipe {self._address} is gone: {exc}") from None
+        self._send_through_layers(op, parts)
+
+    def _send_through_layers(self, op: int, parts: list[Any]) -> None:
         network = self._network
         sender = network.sender
         if sender is not None and not self._closed and self._pid == current_pid() and not self._inbox.eof:
             try:  # connected already: the common case
                 network.send(sender, op, parts)
+                if network.line is None:
+                    self._fit_line()
                 return
             except TransportClosed as exc:
                 raise BrokenPipeError(f"the other end of the pipe {self._address} is gone: {exc}") from None
@@ -125,14 +137,30 @@ class Connection:
         except TransportClosed as exc:
             raise BrokenPipeError(f"the other end of the pipe {self._address} is gone: {exc}") from None
 
+    def _fit_line(self) -> None:
+        """Give a connected end its line (:mod:`fibercore.pipes.line`) when it may have one."""
+        if self._watcher is None and not self._closed and self._pid == current_pid():
+            self._network.fit_line(self._readable)
+
     def _next(self, timeout: float | None) -> Message:
         """Next message; raises TransportTimeout after ``timeout``, EOFError at the end."""
+        if timeout is None:
+            line = self._network.line
+            if line is not None:  # connected, one peer, nothing buffered: the line
+                msg = line.recv()
+                if msg is not None:
+                    return msg
+        return self._next_through_layers(timeout)
+
+    def _next_through_layers(self, timeout: float | None) -> Message:
         network, inbox = self._network, self._inbox
         if (not inbox and self._watcher is None and not self._closed and self._readable
                 and self._pid == current_pid()):
             # Connected, nothing buffered (a stepped simulator and its master): the lane, else
             # the channel, one frame at a time.
             lane = network.current_lane() if not inbox.eof else None
+            if lane is not None and network.line is None:
+                network.fit_line(True)
             if lane is not None:
                 started = time.monotonic() if timeout else 0.0
                 msg = network.recv_on_lane(lane, timeout, direct=inbox.ready is None)
@@ -176,11 +204,20 @@ class Connection:
             parts = serializer.dumps(obj)
         except Exception:  # said again with what and where
             parts = dumps_or_explain(serializer, obj, "an object through a Pipe")
-        self._send(OBJ, parts)
+        line = self._network.line
+        if line is not None:  # _send's first step, inlined: a simulator's every step
+            try:
+                if line.send(OBJ, parts):
+                    return
+            except TransportClosed as exc:
+                raise BrokenPipeError(f"the other end of the pipe {self._address} is gone: {exc}") from None
+        self._send_through_layers(OBJ, parts)
 
     def recv(self) -> Any:
         """Receive an object sent with send(); EOFError when the other end is closed."""
-        op, parts = self._next(None)
+        line = self._network.line  # _next's first step, inlined
+        msg = line.recv() if line is not None else None
+        op, parts = msg if msg is not None else self._next_through_layers(None)
         if op == BYTES:  # as multiprocessing: recv() unpickles whatever bytes arrive
             return get_runtime().serializer.loads([parts[0]])
         return get_runtime().serializer.loads(parts)
@@ -240,6 +277,8 @@ class Connection:
         self._check_closed()
         with self._lock:
             fd, made = self._inbox.descriptor()
+            if made:
+                self._network.line = None  # a thread receives for this end from now on
             if made and self._readable:
                 self._watcher = Watcher(f"fiber-pipe-{self._pipe_id[:8]}-watch", self._inbox, self._network,
                                         self._connect, lambda: self._closed, self._local_home)
@@ -264,6 +303,7 @@ class Connection:
     def _close(self, flush_timeout: float) -> None:
         if self._closed:
             return
+        self._network.line = None
         if self._pid != os.getpid():
             self._forked()
         local = memory.local_peer(self)
@@ -304,6 +344,16 @@ class Connection:
 
     def __repr__(self) -> str:
         return f"<fibercore Connection {self._address} {'closed' if self._closed else 'open'}>"
+
+
+def _drop_lines_in_child() -> None:
+    """A forked child's ends hold the parent's sockets: their lines go (the layers notice
+    the fork on first use)."""
+    for conn in list(_open):
+        conn._network.line = None
+
+
+os.register_at_fork(after_in_child=_drop_lines_in_child)
 
 
 def _peer_gone(ref: weakref.ref[Connection]) -> bool:

@@ -51,7 +51,7 @@ from fibercore.wire.handshake import MAX_HANDSHAKE_FRAME, Authenticator, Limits,
 PeerCallback = Callable[[Hashable, bool], None]  # (peer, added?)
 
 __all__ = ["MAX_HANDSHAKE_FRAME", "Authenticator", "DialEndpoint", "Endpoint", "FlowControl", "LaneEndpoint",
-           "Limits", "PeerCallback", "Session", "Transport", "Wakeable"]
+           "LineEndpoint", "Limits", "PeerCallback", "Session", "Transport", "Wakeable"]
 
 
 @runtime_checkable
@@ -146,6 +146,22 @@ class LaneEndpoint(Protocol):
     """
 
     def recv_frame(self, timeout: float | None, peer: Hashable) -> memoryview | None: ...
+
+
+@runtime_checkable
+class LineEndpoint(Protocol):
+    """Optional, beside ``LaneEndpoint``: ``line(peer)`` gives that peer's connection as an
+    object whose two methods skip the endpoint's look-ups (a connected Pipe end's every
+    message goes through them), or None when the endpoint has none for ``peer`` now:
+
+    1. ``write(parts, peer=None, block=True)``: what ``send_parts(parts, peer, block)`` does;
+    2. ``read(timeout, peer)``: what ``recv_frame(timeout, peer)`` does (``peer``: the line's).
+
+    A line stays valid while its peer is connected; after that its calls raise
+    TransportClosed or return None, as the endpoint's own would.
+    """
+
+    def line(self, peer: Hashable) -> Any: ...
 
 
 @runtime_checkable

@@ -350,10 +350,22 @@ class _Conn:
         one-record frame; otherwise None, with what it brought parsed (whole frames to
         ``deliver``). The connection must be :attr:`idle`. Raises what :meth:`pump` raises."""
         scratch = self._scratch
-        n = self._recv_into(memoryview(scratch), wait)
+        if wait and self.spin > 0:
+            n = self._recv_into(memoryview(scratch), wait)
+        else:  # _recv_into and _whole_record, inlined: every step of a simulator comes here
+            try:
+                n = self.sock.recv_into(scratch, 0, 0 if wait else _DONTWAIT)
+            except _WOULD_BLOCK:
+                raise
+            except OSError as exc:
+                raise _Gone(str(exc)) from None
+            if n == 0:
+                raise _Gone("closed by the peer")
+        if n > 4:
+            (word,) = _HEADER.unpack_from(scratch)  # the "more" bit set: over any max_record
+            if word + 4 == n and word <= self.max_record and word <= self.max_frame:
+                return memoryview(scratch[4:n])  # a copy: the scratch buffer is read into again
         view = memoryview(scratch)[:n]
-        if self._whole_record(view) == n:
-            return memoryview(scratch[4:n])  # a copy: the scratch buffer is read into again
         self._parse(view, deliver)
         if n == len(scratch):  # more may wait behind
             try:
@@ -497,6 +509,51 @@ class _Conn:
             pass
 
 
+class _TcpLine:
+    """:class:`fibercore.transport.LineEndpoint`: one authenticated plain connection's frames,
+    written and read on the caller's thread with no look-up per call (a connected Pipe end's
+    every message). ``read`` is the endpoint's ``recv_frame`` for this connection."""
+
+    __slots__ = ("_conn", "_sock", "_send_lock", "_broken", "read")
+
+    def __init__(self, conn: _Conn, broken: Callable[[_Conn, str], TransportClosed],
+                 read: Callable[..., memoryview | None]) -> None:
+        self._conn = conn
+        self._sock = conn.sock
+        self._send_lock = conn.send_lock
+        #: What the endpoint does with a connection that broke, and the error to raise.
+        self._broken = broken
+        self.read = read
+
+    def write(self, parts: list[Any], peer: Hashable = None, block: bool = True) -> None:
+        """The endpoint's ``send_parts`` to this connection. A small frame of a head and a
+        body (a sealed message) is written here in one call; anything else by the connection."""
+        if block and len(parts) == 2:
+            head, body = parts
+            total = len(head) + (body.nbytes if type(body) is memoryview else len(body))
+            if total <= RECORD_MAX:
+                iov = [_HEADER.pack(total), head, body]
+                with self._send_lock:
+                    try:
+                        n = self._sock.sendmsg(iov)
+                    except _WOULD_BLOCK:
+                        n = 0
+                    except OSError as exc:
+                        raise self._broken(self._conn, str(exc)) from None
+                    if n == total + 4:
+                        return
+                    try:  # the socket's buffer was full: the rest as the connection writes it
+                        self._conn._write_all(_after(iov, n), True, None)
+                    except _Broken as exc:
+                        raise self._broken(self._conn, str(exc)) from None
+                return
+        try:
+            with self._send_lock:
+                self._conn.write(parts, block)
+        except _Broken as exc:
+            raise self._broken(self._conn, str(exc)) from None
+
+
 # ---------------------------------------------------------------------------------------
 # Listening: one reactor thread per process
 # ---------------------------------------------------------------------------------------
@@ -607,7 +664,8 @@ class TcpListener:
         self._own = selectors.DefaultSelector()
         self._last_frame = 0.0  # when a frame last arrived (a listener spins only while busy)
         self._reading = threading.Lock()
-        self._lane: tuple[_Conn, Any] | None = None  # recv_frame's connection and its poll object
+        #: recv_frame's connection, its poll, descriptor and what takes frames it reads past
+        self._lane: tuple[_Conn, Callable[..., list[tuple[int, int]]], int, Callable[[memoryview], None]] | None = None
         self._todo: collections.deque[Callable[[], None]] = collections.deque()
         r, w = os.pipe()
         os.set_blocking(r, False)
@@ -922,7 +980,8 @@ class TcpListener:
         such as a second peer, wakes it and returns None: :meth:`recv` takes over)."""
         conn = self._peers.get(peer)  # type: ignore[call-overload]
         if (conn is None or len(self._peers) != 1 or self._inbox or self._todo or self._closed
-                or not conn.idle or (timeout is not None and timeout <= 0) or self._wake is None):
+                or conn._body is not None or conn._hpos or conn._records or conn.tls  # conn.idle, inlined
+                or (timeout is not None and timeout <= 0) or self._wake is None):
             return None
         if not self._reading.acquire(False):
             return None
@@ -932,10 +991,11 @@ class TcpListener:
             lane = self._lane
             if lane is None or lane[0] is not conn:
                 poller = select.poll()
-                poller.register(conn.sock.fileno(), select.POLLIN)
+                fd = conn.sock.fileno()
+                poller.register(fd, select.POLLIN)
                 poller.register(self._wake[0], select.POLLIN)
-                lane = self._lane = (conn, poller)
-            poll = lane[1].poll
+                lane = self._lane = (conn, poller.poll, fd, lambda f: self._inbox.append((f, peer)))  # type: ignore[arg-type]
+            poll = lane[1]
             ready: list[tuple[int, int]] = []
             if self._spin > 0 and time.perf_counter() - self._last_frame < SPIN_AFTER \
                     and self._spin_gate.open():  # busy, and a CPU to spare: the next frame is likely soon
@@ -945,23 +1005,36 @@ class TcpListener:
                 self._spin_gate.result(bool(ready))
             if not ready:
                 ready = poll(-1 if timeout is None else min(timeout, IDLE_STEP) * 1000)
-            if len(ready) != 1 or ready[0][0] != conn.sock.fileno():
+            if len(ready) != 1 or ready[0][0] != lane[2]:
                 return None  # the time passed, or something changed: recv() looks
             try:  # readable: a read that does not wait
-                frame = conn.read_one(lambda f: self._inbox.append((f, peer)), False)  # type: ignore[arg-type]
+                frame = conn.read_one(lane[3], False)
             except _WOULD_BLOCK:
                 return None
             except (_Broken, OSError, ValueError):
                 self._unwatch(conn)
                 self._reactor.call(lambda: self._drop(conn))
                 return None
-            self._last_frame = time.perf_counter()
+            if self._spin > 0:  # what the spinning decides on
+                self._last_frame = time.perf_counter()
             if self._inbox and self._waiters:  # that read brought more: another thread waits for it
                 with self._cv:
                     self._cv.notify(len(self._inbox))
             return frame
         finally:
             self._reading.release()
+
+    def line(self, peer: Hashable) -> _TcpLine | None:
+        """:class:`fibercore.transport.LineEndpoint`: ``peer``'s plain connection (None for
+        a TLS one, or a peer that is gone)."""
+        conn = self._peers.get(peer)  # type: ignore[call-overload]
+        if conn is None or conn.tls:
+            return None
+        return _TcpLine(conn, self._broken_line, self.recv_frame)
+
+    def _broken_line(self, conn: _Conn, why: str) -> TransportClosed:
+        self._reactor.call(lambda: self._drop(conn))
+        return TransportClosed(f"{conn.session!r} on {self.address}: {why}")
 
     def _read_own(self, timeout: float | None) -> list[tuple[memoryview, Session]]:
         """Poll the connections (spinning briefly, then sleeping) for up to ``timeout``
@@ -1109,13 +1182,24 @@ class TcpDialer:
             self._gone(str(exc))
             raise TransportClosed(f"the connection to {self.address} is gone: {exc}") from None
 
+    def line(self, peer: Hashable = None) -> _TcpLine | None:
+        """:class:`fibercore.transport.LineEndpoint`: the connection (None over TLS)."""
+        return None if self._conn.tls else _TcpLine(self._conn, self._broken_line, self.recv_frame)
+
+    def _broken_line(self, conn: _Conn, why: str) -> TransportClosed:
+        if self._closed:
+            return TransportClosed(f"endpoint {self.address} is closed")
+        self._gone(why)
+        return TransportClosed(f"the connection to {self.address} is gone: {self._broken}")
+
     def recv_frame(self, timeout: float | None = None, peer: Hashable = None) -> memoryview | None:
         """:class:`fibercore.transport.LaneEndpoint`: one waiting read that brings exactly one
         whole frame, returned; None when this path is not open now (another thread reads,
         frames wait, a frame arrived in pieces: what was read is kept in order) and after
         ``timeout`` without a frame. Raises TransportClosed when the connection ended."""
         conn = self._conn
-        if self._inbox or self._broken is not None or self._closed or not conn.idle:
+        if (self._inbox or self._broken is not None or self._closed or conn._body is not None or conn._hpos
+                or conn._records or conn.tls):  # conn.idle, inlined
             return None
         if not self._rlock.acquire(False):
             return None

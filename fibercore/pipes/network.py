@@ -20,6 +20,7 @@ from fibercore.lifetime import current_pid
 from fibercore.pipes import CLOSE
 from fibercore.pipes.home import home_of
 from fibercore.pipes.inbox import Inbox, Message
+from fibercore.pipes.line import Line
 from fibercore.runtime import get_runtime
 from fibercore.wire import Channel, Sender
 from fibercore.wire.channel import Lane
@@ -42,9 +43,14 @@ class NetworkPath:
         self.owns_home = False
         self.sender: Sender | None = None
         self.lock = threading.Lock()
+        #: The hot path while the end has one peer (:mod:`fibercore.pipes.line`): made by
+        #: :meth:`fit_line`, dropped at every change of peers, sender, process or state.
+        self.line: Line | None = None
+        self._peer_events = 0  # counted, so a line made while one happened is not kept
 
     def forked(self) -> None:
         """In a forked child, forget the parent's socket and threads (they are not ours)."""
+        self.line = None
         self.lock = threading.Lock()
         self.channel = None
         self.lane = None
@@ -78,7 +84,23 @@ class NetworkPath:
             self.lane = channel.lane(peer)
         return self.lane
 
+    def fit_line(self, readable: bool) -> None:
+        """Make the line once the end has a lane and no readiness descriptor; the end's own
+        conditions (open, in this process, no thread receiving for it) are the caller's."""
+        if self.line is not None or self.inbox.ready is not None:
+            return
+        seen = self._peer_events
+        lane = self.current_lane()
+        if lane is None:
+            return
+        self.line = Line(lane, self.sender, self.inbox, readable, None if self._untimed() else 0.5,
+                         self.twin_still_writes)
+        if self._peer_events != seen:  # a peer came or went meanwhile: its lane may be stale
+            self.line = None
+
     def _on_peer(self, peer: Any, added: bool) -> None:
+        self._peer_events += 1
+        self.line = None
         if self.owns_home:
             self.lane = None  # made again for the one peer, if there is one
         channel = self.channel
@@ -104,6 +126,7 @@ class NetworkPath:
         with self.lock:
             if self.sender is None:
                 self.sender = Sender(channel, name=f"fiber-pipe-{self.pipe_id[:8]}", peer_gone=peer_gone)
+                self.line = None  # made again with the sender
             return self.sender
 
     def send(self, sender: Sender, op: int, parts: list[Any]) -> None:
@@ -204,6 +227,7 @@ class NetworkPath:
 
     def release(self) -> None:
         """Close a dialled channel (the home's belongs to the pipe's home)."""
+        self.line = None
         if self.channel is not None and not self.owns_home:
             self.channel.close()
         self.channel = None

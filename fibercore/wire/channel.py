@@ -19,7 +19,7 @@ from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 from fibercore.errors import TransportTimeout
-from fibercore.transport import Endpoint, FlowControl, LaneEndpoint, Wakeable
+from fibercore.transport import Endpoint, FlowControl, LaneEndpoint, LineEndpoint, Wakeable
 from fibercore.wire.frames import BadFrame, Message, Messages, reject
 from fibercore.wire.handshake import Session
 
@@ -197,11 +197,36 @@ def transmit(session: Session, messages: Sequence[Message], send_parts: Callable
         session.sending = me
         try:
             send_parts(session.sealer.seal(messages), session, block)
-            while session.deferred:
-                batch, session.deferred = session.deferred, []
-                send_parts(session.sealer.seal(batch), session, True)
+            if session.deferred:
+                _send_deferred(session, send_parts)
         finally:
             session.sending = None
+
+
+def transmit_one(session: Session, op: int, part: Any, send_parts: Callable[..., None]) -> None:
+    """:func:`transmit` of one message of one part (a stepped simulator's every message)."""
+    me = _get_ident()
+    if session.sending == me:
+        session.deferred.append((op, [part]))
+        return
+    with session.lock:
+        session.sending = me
+        try:
+            send_parts(session.sealer.seal_one(op, part), session, True)
+            if session.deferred:
+                _send_deferred(session, send_parts)
+        finally:
+            session.sending = None
+
+
+def _send_deferred(session: Session, send_parts: Callable[..., None]) -> None:
+    """Send what was sent re-entrantly while the session's lock was held, after it."""
+    while session.deferred:
+        batch, session.deferred = session.deferred, []
+        send_parts(session.sealer.seal(batch), session, True)
+
+
+_get_ident = threading.get_ident
 
 
 class Lane:
@@ -214,8 +239,11 @@ class Lane:
     def __init__(self, channel: Channel, session: Session) -> None:
         self.channel = channel
         self.session = session
-        self._send_parts = channel.endpoint.send_parts
-        self._recv_frame = channel.endpoint.recv_frame  # type: ignore[attr-defined]
+        endpoint = channel.endpoint
+        line = endpoint.line(session) if isinstance(endpoint, LineEndpoint) else None
+        # The endpoint's own calls, or its line's (the same, without a look-up per call).
+        self._send_parts = line.write if line is not None else endpoint.send_parts
+        self._recv_frame = line.read if line is not None else endpoint.recv_frame  # type: ignore[attr-defined]
         self._receiving = channel._receiving
 
     def send(self, op: int, parts: Sequence[Any]) -> None:
@@ -235,4 +263,4 @@ class Lane:
             self._receiving.release()
 
 
-__all__ = ["Channel", "Lane", "PAIR_SEND_SLICE", "transmit"]
+__all__ = ["Channel", "Lane", "PAIR_SEND_SLICE", "transmit", "transmit_one"]

@@ -101,6 +101,10 @@ class Sealer:
             return [sealed[-TAG_SIZE:], counter, sealed[:-TAG_SIZE]]
         return self._seal_streaming(nonce, counter, words, payload)
 
+    def seal_one(self, op: int, part: Any) -> list[Any]:
+        """``seal([(op, [part])])``: one message of one part (a stream sealer's is quicker)."""
+        return self.seal([(op, [part])])
+
     def _layout(self, messages: Sequence[Message]) -> tuple[bytes, list[Any], int]:
         """The header words (counter first) and the payload parts of one frame."""
         if len(messages) == 1:
@@ -177,6 +181,13 @@ class Opener:
                 self._seen |= 1 << behind
         return _split(body)
 
+    def open_one(self, frame: memoryview) -> tuple[int, list[memoryview]] | None:
+        """The message of ``frame`` when it is the next frame in order and holds one message
+        of one part, without taking the lock (the caller holds its channel's receiving lock);
+        None otherwise, having changed nothing (then :meth:`open` decides). A stream opener's
+        is quick; this one always says None."""
+        return None
+
     def _verify(self, view: memoryview, counter: int) -> memoryview:
         """The frame's body (counter, words, payload) in clear, into a new writable buffer."""
         head = TAG_SIZE + 8
@@ -224,9 +235,25 @@ class StreamSealer(Sealer):
         head, payload, _ = self._layout(messages)
         return [_NO_TAG, head, *payload]
 
+    def seal_one(self, op: int, part: Any) -> list[Any]:
+        self._counter += 1
+        return [_STREAM_ONE.pack(self._counter, 6, 1, op, 1, part.nbytes if type(part) is memoryview else len(part)),
+                part]
+
 
 class StreamOpener(Opener):
     """The receiving side of :class:`StreamSealer`: counters are still checked."""
+
+    def open_one(self, frame: memoryview) -> tuple[int, list[memoryview]] | None:
+        size = len(frame) - 64
+        if size < 0 or frame.ndim != 1 or frame.itemsize != 1:
+            return None
+        counter, nwords, nmsgs, op, nparts, length = _STREAM_ONE.unpack_from(frame)
+        if counter != self._last + 1 or length != size or nparts != 1 or nmsgs != 1 or nwords != 6:
+            return None
+        self._seen = ((self._seen << 1) | 1) & _WINDOW_MASK
+        self._last = counter
+        return op, [frame[64:]]
 
     def _verify(self, view: memoryview, counter: int) -> memoryview:
         return view[TAG_SIZE:]

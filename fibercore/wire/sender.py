@@ -42,16 +42,16 @@ class Sender:
         self._channel = channel
         self._name = name
         self._peer_gone = peer_gone
-        self._queue: collections.deque[tuple[Message, int]] = collections.deque()
+        self.queue: collections.deque[tuple[Message, int]] = collections.deque()
         self._lock = threading.Lock()  # ``with self._lock`` where nothing waits: a C call, not Condition's
         self._cv = threading.Condition(self._lock)
         self._bytes = 0
-        self._busy = False  # a batch (or an inline send) is being sent
+        self.busy = False  # a batch (or an inline send) is being sent
         self._closed = False
         self._error: BaseException | None = None
         self._max_frame = max_frame
         self._high_water = high_water
-        self._last_put = 0.0
+        self.last_put = 0.0
         self._thread: threading.Thread | None = None
         self._waiting = 0  # callers blocked in put (back-pressure) or flush
 
@@ -72,18 +72,18 @@ class Sender:
                 self._wait()
             if self._closed:
                 raise TransportClosed("the connection is closed")
-            inline = (not self._busy and not self._queue and time.perf_counter() - self._last_put > BURST_GAP
+            inline = (not self.busy and not self.queue and time.perf_counter() - self.last_put > BURST_GAP
                       and self._channel.has_peer)
             if inline:
-                self._busy = True
+                self.busy = True
             else:
                 size = sum(map(nbytes, message[1])) + 16
-                self._queue.append((message, size))
+                self.queue.append((message, size))
                 self._bytes += size
                 if self._thread is None:
                     self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
                     self._thread.start()
-                elif len(self._queue) == 1 and not self._busy:
+                elif len(self.queue) == 1 and not self.busy:
                     self._cv.notify_all()  # the sending thread (a busy sender looks again when done)
         if not inline:
             return
@@ -92,41 +92,44 @@ class Sender:
         except BaseException as exc:
             with self._cv:
                 self._error = exc
-                self._queue.clear()
+                self.queue.clear()
             raise TransportClosed(f"cannot send: {exc}") from exc
         finally:
             with self._lock:
-                self._busy = False
-                self._last_put = time.perf_counter()
-                if self._queue or self._waiting:  # queued meanwhile, or a flush() waits
+                self.busy = False
+                self.last_put = time.perf_counter()
+                if self.queue or self._waiting:  # queued meanwhile, or a flush() waits
                     self._cv.notify_all()
 
     def idle(self) -> bool:
         """Whether a message may leave now without this sender (nothing queued or being sent,
         no burst under way): then the caller sends it itself and calls :meth:`sent_aside`."""
-        return (not self._busy and not self._queue and self._error is None and not self._closed
-                and time.perf_counter() - self._last_put > BURST_GAP)
+        return (not self.queue and not self.busy and self._error is None and not self._closed
+                and time.perf_counter() - self.last_put > BURST_GAP)
 
     def sent_aside(self) -> None:
         """A message left without this sender (see :meth:`idle`): the next put within
         :data:`BURST_GAP` starts a burst, as after one of its own."""
-        self._last_put = time.perf_counter()
+        self.last_put = time.perf_counter()
 
     def _run(self) -> None:
         while True:
             with self._cv:
-                while (not self._queue or self._busy) and not self._closed:
+                while (not self.queue or self.busy) and not self._closed:
                     self._cv.wait()
-                if not self._queue:
+                if not self.queue:
                     return
+                # Busy before the queue empties: a line that looks at ``queue`` and then at
+                # ``busy`` without the lock (:class:`fibercore.pipes.line.Line`) never finds both
+                # clear while a batch is on its way.
+                self.busy = True
                 batch: list[Message] = []
                 size = 0
-                while self._queue and (not batch or size + self._queue[0][1] <= self._max_frame):
-                    message, n = self._queue.popleft()
+                while self.queue and (not batch or size + self.queue[0][1] <= self._max_frame):
+                    message, n = self.queue.popleft()
                     batch.append(message)
                     size += n
                 self._bytes -= size
-                self._busy = True
                 if self._waiting:  # a put blocked by back-pressure may go on
                     self._cv.notify_all()
             try:
@@ -134,12 +137,12 @@ class Sender:
             except BaseException as exc:  # closed endpoint: drop the rest, fail later puts
                 with self._cv:
                     self._error = exc
-                    self._queue.clear()
-                    self._busy = False
+                    self.queue.clear()
+                    self.busy = False
                     self._cv.notify_all()
                 return
             with self._cv:
-                self._busy = False
+                self.busy = False
                 if self._waiting:
                     self._cv.notify_all()
 
@@ -157,7 +160,7 @@ class Sender:
         """Wait until every queued message was sent; False on timeout."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cv:
-            while (self._queue or self._busy) and self._error is None:
+            while (self.queue or self.busy) and self._error is None:
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     return False
@@ -169,9 +172,9 @@ class Sender:
             self.flush(timeout)
         with self._cv:
             self._closed = True
-            self._queue.clear()
+            self.queue.clear()
             self._cv.notify_all()
 
     @property
     def pending(self) -> int:
-        return len(self._queue)
+        return len(self.queue)

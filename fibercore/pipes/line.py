@@ -1,0 +1,108 @@
+"""A connected end's line: a message per frame, sent and read on the caller's thread with
+nothing between the :class:`~fibercore.connection.Connection` and the transport.
+
+A stepped simulator and its master exchange one small message at a time, and each layer a
+message crosses (connection, network path, sender, lane, channel) costs a few function
+calls of Python on both sides of every step. A line makes the checks those layers make in
+two kinds:
+
+* what changes rarely (the end has one peer, is open, in this process, with no thread
+  receiving for it) is true while the line exists: :class:`~fibercore.pipes.network.NetworkPath`
+  drops its line at every such change (a peer arriving or leaving, a fork, ``close()``,
+  ``fileno()``, the sender starting), and the layers make a new one when they next run;
+* what may change between two messages (the sender has a queue or a burst under way,
+  messages or the end wait in the inbox, another thread reads) is looked at on each call,
+  a few attribute reads; when one fails, the call says so and the caller takes the layers.
+
+Frames are sealed, opened, counted and ordered exactly as through the layers, whose paths
+stay usable beside it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from fibercore.errors import TransportClosed
+from fibercore.pipes import CLOSE
+from fibercore.pipes.inbox import Inbox, Message
+from fibercore.wire import Sender
+from fibercore.wire.channel import Lane, transmit, transmit_one
+from fibercore.wire.frames import BadFrame, reject
+from fibercore.wire.sender import BURST_GAP
+
+_clock = time.perf_counter
+
+
+class Line:
+    """One connected end's hot path (see the module's docstring)."""
+
+    __slots__ = ("session", "_write", "_read", "_open_one", "_open", "_receiving", "_address", "sender", "inbox",
+                 "readable", "wait", "twin_still_writes")
+
+    def __init__(self, lane: Lane, sender: Sender | None, inbox: Inbox, readable: bool, wait: float | None,
+                 twin_still_writes: Callable[[], bool]) -> None:
+        self.session = lane.session
+        self._write = lane._send_parts
+        self._read = lane._recv_frame
+        self._open_one = lane.session.opener.open_one
+        self._open = lane.session.opener.open
+        self._receiving = lane.channel._receiving
+        self._address = lane.channel.address
+        #: The end's sender (None until it first sent): the line sends only while it is idle.
+        self.sender = sender
+        self.inbox = inbox
+        self.readable = readable
+        #: The longest wait for a frame (None: until one comes), as the layers would wait.
+        self.wait = wait
+        self.twin_still_writes = twin_still_writes
+
+    def send(self, op: int, parts: list[Any]) -> bool:
+        """Send one message now, in a frame of its own; False when the layers must take it
+        (no sender yet, a queue or a burst under way, the other end gone). TransportClosed
+        when the connection ended."""
+        sender = self.sender
+        # ``queue`` before ``busy``: the sending thread marks itself busy before it empties it.
+        if sender is None or sender.queue or sender.busy or self.inbox.eof:
+            return False
+        now = _clock()
+        if now - sender.last_put <= BURST_GAP:  # a burst: the sender packs it into frames
+            return False
+        if len(parts) == 1:
+            transmit_one(self.session, op, parts[0], self._write)
+        else:
+            transmit(self.session, [(op, parts)], self._write)
+        sender.last_put = now
+        return True
+
+    def recv(self) -> Message | None:
+        """The next message, when it comes alone in a frame; None when the layers must look
+        (something waits in the inbox, another thread reads, a frame brought several messages
+        or the end, nothing came within :attr:`wait`). EOFError once the connection ended."""
+        inbox = self.inbox
+        if inbox.messages or inbox.eof or not self.readable or not self._receiving.acquire(False):
+            return None
+        try:  # taken and opened under the channel's receiving lock, as by the layers
+            frame = self._read(self.wait, self.session)
+            if frame is None:
+                return None
+            one = self._open_one(frame)
+            if one is not None and one[0] != CLOSE:
+                return one
+            messages = self._open(frame) if one is None else [one]
+        except TransportClosed:
+            inbox.end()
+            raise EOFError("the pipe was closed") from None
+        except BadFrame as exc:
+            reject(self._address, self.session, str(exc))
+            return None
+        finally:
+            self._receiving.release()
+        if len(messages) == 1 and messages[0][0] != CLOSE:
+            return messages[0]
+        inbox.file(messages, self.twin_still_writes)
+        return None
+
+
+__all__ = ["Line"]
