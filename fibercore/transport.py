@@ -158,7 +158,10 @@ class LineEndpoint(Protocol):
     2. ``read(timeout, peer)``: what ``recv_frame(timeout, peer)`` does (``peer``: the line's).
 
     A line stays valid while its peer is connected; after that its calls raise
-    TransportClosed or return None, as the endpoint's own would.
+    TransportClosed or return None, as the endpoint's own would. The core calls ``write``
+    holding the peer's :class:`~fibercore.wire.handshake.Session` lock (as it does around
+    every ``send_parts``), and ``read`` holding the lock under which it reads the endpoint
+    (its channel's receive lock): a line need not take locks of its own for either.
     """
 
     def line(self, peer: Hashable) -> Any: ...

@@ -90,6 +90,7 @@ _SCRATCH = 64 << 10  # read buffer of an authenticated connection (before: a han
 _IOV_MAX = 512
 _WOULD_BLOCK = (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
 _DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0)
+_readv, _writev = os.readv, os.writev
 #: Seconds a waiting read polls the socket before it sleeps in the kernel (config ``spin_wait``,
 #: in microseconds), when a CPU is free for it (:func:`cpu_to_spare`). Off by default: in the
 #: usual RL set-up (more simulators than cores) the gate let a master poll while the processes
@@ -218,7 +219,10 @@ class _Conn:
         self.send_lock = threading.Lock()
         self.max_frame = MAX_HANDSHAKE_FRAME
         self.max_record = MAX_HANDSHAKE_FRAME
+        self._max_one = MAX_HANDSHAKE_FRAME  # the largest one-record frame: both limits hold
         self._scratch = bytearray(MAX_HANDSHAKE_FRAME + 4)  # grown once authenticated
+        self._scratches = [self._scratch]  # the same, as os.readv takes it
+        self.fd = sock.fileno()
         self._header = bytearray(4)
         self._hpos = 0
         self._body: bytearray | None = None
@@ -346,15 +350,16 @@ class _Conn:
                 and self.session is not None)
 
     def read_one(self, deliver: Callable[[memoryview], None], wait: bool = True) -> memoryview | None:
-        """One read (``wait``: a waiting one): the frame, when it brought exactly one whole
-        one-record frame; otherwise None, with what it brought parsed (whole frames to
-        ``deliver``). The connection must be :attr:`idle`. Raises what :meth:`pump` raises."""
+        """One read (``wait``: a waiting one, or one of a socket seen readable): the frame,
+        when it brought exactly one whole one-record frame; otherwise None, with what it
+        brought parsed (whole frames to ``deliver``). The connection must be :attr:`idle`.
+        Raises what :meth:`pump` raises."""
         scratch = self._scratch
         if wait and self.spin > 0:
             n = self._recv_into(memoryview(scratch), wait)
         else:  # _recv_into and _whole_record, inlined: every step of a simulator comes here
-            try:
-                n = self.sock.recv_into(scratch, 0, 0 if wait else _DONTWAIT)
+            try:  # os.readv: the same read as recv_into, for half its cost in Python
+                n = _readv(self.fd, self._scratches) if wait else self.sock.recv_into(scratch, 0, _DONTWAIT)
             except _WOULD_BLOCK:
                 raise
             except OSError as exc:
@@ -363,7 +368,7 @@ class _Conn:
                 raise _Gone("closed by the peer")
         if n > 4:
             (word,) = _HEADER.unpack_from(scratch)  # the "more" bit set: over any max_record
-            if word + 4 == n and word <= self.max_record and word <= self.max_frame:
+            if word + 4 == n and word <= self._max_one:
                 return memoryview(scratch[4:n])  # a copy: the scratch buffer is read into again
         view = memoryview(scratch)[:n]
         self._parse(view, deliver)
@@ -494,8 +499,10 @@ class _Conn:
     def authenticated(self, session: Session, max_frame: int) -> None:
         self.session = session
         self._scratch = bytearray(_SCRATCH)
+        self._scratches = [self._scratch]
         self.max_record = RECORD_MAX
         self.max_frame = max_frame
+        self._max_one = min(RECORD_MAX, max_frame)
 
     def close(self, shutdown: bool = True) -> None:
         try:
@@ -514,44 +521,39 @@ class _TcpLine:
     written and read on the caller's thread with no look-up per call (a connected Pipe end's
     every message). ``read`` is the endpoint's ``recv_frame`` for this connection."""
 
-    __slots__ = ("_conn", "_sock", "_send_lock", "_broken", "read")
+    __slots__ = ("_conn", "_fd", "_broken", "read")
 
     def __init__(self, conn: _Conn, broken: Callable[[_Conn, str], TransportClosed],
                  read: Callable[..., memoryview | None]) -> None:
         self._conn = conn
-        self._sock = conn.sock
-        self._send_lock = conn.send_lock
+        self._fd = conn.fd
         #: What the endpoint does with a connection that broke, and the error to raise.
         self._broken = broken
         self.read = read
 
     def write(self, parts: list[Any], peer: Hashable = None, block: bool = True) -> None:
-        """The endpoint's ``send_parts`` to this connection. A small frame of a head and a
-        body (a sealed message) is written here in one call; anything else by the connection."""
-        if block and len(parts) == 2:
-            head, body = parts
-            total = len(head) + (body.nbytes if type(body) is memoryview else len(body))
-            if total <= RECORD_MAX:
-                iov = [_HEADER.pack(total), head, body]
-                with self._send_lock:
-                    try:
-                        n = self._sock.sendmsg(iov)
+        """The endpoint's ``send_parts`` to this connection, without its send lock: the
+        caller holds the peer's session lock, as the core does for every frame it sends.
+        A small frame of a head and a body (a sealed message) is written in one call."""
+        conn = self._conn
+        try:
+            if block and len(parts) == 2:
+                head, body = parts
+                total = len(head) + (body.nbytes if type(body) is memoryview else len(body))
+                if total <= RECORD_MAX:
+                    iov = [_HEADER.pack(total), head, body]
+                    try:  # os.writev: the same write as sendmsg, for less Python
+                        n = _writev(self._fd, iov)
                     except _WOULD_BLOCK:
                         n = 0
                     except OSError as exc:
-                        raise self._broken(self._conn, str(exc)) from None
-                    if n == total + 4:
-                        return
-                    try:  # the socket's buffer was full: the rest as the connection writes it
-                        self._conn._write_all(_after(iov, n), True, None)
-                    except _Broken as exc:
-                        raise self._broken(self._conn, str(exc)) from None
-                return
-        try:
-            with self._send_lock:
-                self._conn.write(parts, block)
+                        raise _Gone(str(exc)) from None
+                    if n != total + 4:  # the socket's buffer was full: the rest as the connection writes
+                        conn._write_all(_after(iov, n), True, None)
+                    return
+            conn.write(parts, block)
         except _Broken as exc:
-            raise self._broken(self._conn, str(exc)) from None
+            raise self._broken(conn, str(exc)) from None
 
 
 # ---------------------------------------------------------------------------------------
@@ -664,8 +666,9 @@ class TcpListener:
         self._own = selectors.DefaultSelector()
         self._last_frame = 0.0  # when a frame last arrived (a listener spins only while busy)
         self._reading = threading.Lock()
-        #: recv_frame's connection, its poll, descriptor and what takes frames it reads past
-        self._lane: tuple[_Conn, Callable[..., list[tuple[int, int]]], int, Callable[[memoryview], None]] | None = None
+        #: recv_frame's connection, its poll, descriptor, what takes frames it reads past, and peer
+        self._lane: tuple[_Conn, Callable[..., list[tuple[int, int]]], int, Callable[[memoryview], None],
+                          Hashable] | None = None
         self._todo: collections.deque[Callable[[], None]] = collections.deque()
         r, w = os.pipe()
         os.set_blocking(r, False)
@@ -821,6 +824,9 @@ class TcpListener:
         session = conn.session
         if session is not None:
             self._own_call(lambda: self._unwatch(conn))
+        lane = self._lane
+        if lane is not None and lane[0] is conn:  # its descriptor's number may soon be another's
+            self._lane = None
         conn.close()
         if session is not None and self._peers.pop(session, None) is not None:
             for cb in list(self._callbacks):
@@ -977,24 +983,20 @@ class TcpListener:
         """:class:`fibercore.transport.LaneEndpoint`: ``peer``'s next frame, read on this
         thread, while ``peer`` is the only connection (a Pipe's home with its one child).
         One poll of that socket and this listener's wake-up pipe (anything that changes,
-        such as a second peer, wakes it and returns None: :meth:`recv` takes over)."""
-        conn = self._peers.get(peer)  # type: ignore[call-overload]
-        if (conn is None or len(self._peers) != 1 or self._inbox or self._todo or self._closed
-                or conn._body is not None or conn._hpos or conn._records or conn.tls  # conn.idle, inlined
-                or (timeout is not None and timeout <= 0) or self._wake is None):
+        such as a second peer or a frame left for :meth:`recv`, wakes it and returns None:
+        :meth:`recv` takes over)."""
+        lane = self._lane
+        if lane is None or lane[4] is not peer:
+            lane = self._lane_to(peer)
+            if lane is None:
+                return None
+        conn = lane[0]
+        if (self._inbox or self._todo or self._closed or len(self._peers) != 1 or conn._body is not None
+                or conn._hpos or conn._records or (timeout is not None and timeout <= 0)):
             return None
         if not self._reading.acquire(False):
             return None
         try:
-            if self._inbox or self._todo or self._closed:
-                return None
-            lane = self._lane
-            if lane is None or lane[0] is not conn:
-                poller = select.poll()
-                fd = conn.sock.fileno()
-                poller.register(fd, select.POLLIN)
-                poller.register(self._wake[0], select.POLLIN)
-                lane = self._lane = (conn, poller.poll, fd, lambda f: self._inbox.append((f, peer)))  # type: ignore[arg-type]
             poll = lane[1]
             ready: list[tuple[int, int]] = []
             if self._spin > 0 and time.perf_counter() - self._last_frame < SPIN_AFTER \
@@ -1007,8 +1009,8 @@ class TcpListener:
                 ready = poll(-1 if timeout is None else min(timeout, IDLE_STEP) * 1000)
             if len(ready) != 1 or ready[0][0] != lane[2]:
                 return None  # the time passed, or something changed: recv() looks
-            try:  # readable: a read that does not wait
-                frame = conn.read_one(lane[3], False)
+            try:  # readable (and read by this thread only): the read does not wait
+                frame = conn.read_one(lane[3], True)
             except _WOULD_BLOCK:
                 return None
             except (_Broken, OSError, ValueError):
@@ -1023,6 +1025,21 @@ class TcpListener:
             return frame
         finally:
             self._reading.release()
+
+    def _lane_to(self, peer: Hashable) -> tuple[_Conn, Callable[..., list[tuple[int, int]]], int,
+                                                 Callable[[memoryview], None], Hashable] | None:
+        """:meth:`recv_frame`'s connection to ``peer``, its poll (with the wake-up pipe),
+        descriptor, what takes the frames it reads past, and the peer; None for a peer that
+        is gone, a TLS one, or a closed listener."""
+        conn = self._peers.get(peer)  # type: ignore[call-overload]
+        wake = self._wake
+        if conn is None or conn.tls or wake is None:
+            return None
+        poller = select.poll()
+        poller.register(conn.fd, select.POLLIN)
+        poller.register(wake[0], select.POLLIN)
+        self._lane = (conn, poller.poll, conn.fd, lambda f: self._inbox.append((f, peer)), peer)  # type: ignore[arg-type]
+        return self._lane
 
     def line(self, peer: Hashable) -> _TcpLine | None:
         """:class:`fibercore.transport.LineEndpoint`: ``peer``'s plain connection (None for
@@ -1184,7 +1201,7 @@ class TcpDialer:
 
     def line(self, peer: Hashable = None) -> _TcpLine | None:
         """:class:`fibercore.transport.LineEndpoint`: the connection (None over TLS)."""
-        return None if self._conn.tls else _TcpLine(self._conn, self._broken_line, self.recv_frame)
+        return None if self._conn.tls else _TcpLine(self._conn, self._broken_line, self._read_frame)
 
     def _broken_line(self, conn: _Conn, why: str) -> TransportClosed:
         if self._closed:
@@ -1197,29 +1214,34 @@ class TcpDialer:
         whole frame, returned; None when this path is not open now (another thread reads,
         frames wait, a frame arrived in pieces: what was read is kept in order) and after
         ``timeout`` without a frame. Raises TransportClosed when the connection ended."""
+        if not self._rlock.acquire(False):
+            return None
+        try:
+            return self._read_frame(timeout)
+        finally:
+            self._rlock.release()
+
+    def _read_frame(self, timeout: float | None, peer: Hashable = None) -> memoryview | None:
+        """:meth:`recv_frame` for a caller that reads this endpoint alone (it holds the read
+        lock, or is a line: the core reads a connection under its channel's receive lock)."""
         conn = self._conn
         if (self._inbox or self._broken is not None or self._closed or conn._body is not None or conn._hpos
                 or conn._records or conn.tls):  # conn.idle, inlined
             return None
-        if not self._rlock.acquire(False):
+        if timeout is None:
+            if conn._rcvtimeo is not None:
+                conn.receive_timeout(None)
+        elif timeout <= 0:
             return None
+        else:
+            conn.wait_at_most(timeout)
         try:
-            if timeout is None:
-                if conn._rcvtimeo is not None:
-                    conn.receive_timeout(None)
-            elif timeout <= 0:
-                return None
-            else:
-                conn.wait_at_most(timeout)
-            try:
-                return conn.read_one(self._inbox.append)
-            except _WOULD_BLOCK:
-                return None
-            except _Broken as exc:
-                self._gone(str(exc))
-                raise TransportClosed(f"the connection to {self.address} is gone: {exc}") from None
-        finally:
-            self._rlock.release()
+            return conn.read_one(self._inbox.append)
+        except _WOULD_BLOCK:
+            return None
+        except _Broken as exc:
+            self._gone(str(exc))
+            raise TransportClosed(f"the connection to {self.address} is gone: {exc}") from None
 
     def recv(self, timeout: float | None = None) -> tuple[memoryview, Hashable]:
         if not self._inbox and (timeout is None or timeout > 0):

@@ -20,6 +20,7 @@ stay usable beside it.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -28,11 +29,12 @@ from fibercore.errors import TransportClosed
 from fibercore.pipes import CLOSE
 from fibercore.pipes.inbox import Inbox, Message
 from fibercore.wire import Sender
-from fibercore.wire.channel import Lane, transmit, transmit_one
+from fibercore.wire.channel import Lane, send_deferred, transmit
 from fibercore.wire.frames import BadFrame, reject
 from fibercore.wire.sender import BURST_GAP
 
 _clock = time.perf_counter
+_get_ident = threading.get_ident
 
 
 class Line:
@@ -69,10 +71,19 @@ class Line:
         now = _clock()
         if now - sender.last_put <= BURST_GAP:  # a burst: the sender packs it into frames
             return False
-        if len(parts) == 1:
-            transmit_one(self.session, op, parts[0], self._write)
-        else:
-            transmit(self.session, [(op, parts)], self._write)
+        session = self.session
+        me = _get_ident()
+        if len(parts) != 1 or session.sending == me:  # several parts, or re-entered (a finalizer)
+            transmit(session, [(op, parts)], self._write)
+        else:  # transmit() of one message of one part, inlined
+            with session.lock:
+                session.sending = me
+                try:
+                    self._write(session.sealer.seal_one(op, parts[0]), session, True)
+                    if session.deferred:
+                        send_deferred(session, self._write)
+                finally:
+                    session.sending = None
         sender.last_put = now
         return True
 

@@ -198,35 +198,17 @@ def transmit(session: Session, messages: Sequence[Message], send_parts: Callable
         try:
             send_parts(session.sealer.seal(messages), session, block)
             if session.deferred:
-                _send_deferred(session, send_parts)
+                send_deferred(session, send_parts)
         finally:
             session.sending = None
 
 
-def transmit_one(session: Session, op: int, part: Any, send_parts: Callable[..., None]) -> None:
-    """:func:`transmit` of one message of one part (a stepped simulator's every message)."""
-    me = _get_ident()
-    if session.sending == me:
-        session.deferred.append((op, [part]))
-        return
-    with session.lock:
-        session.sending = me
-        try:
-            send_parts(session.sealer.seal_one(op, part), session, True)
-            if session.deferred:
-                _send_deferred(session, send_parts)
-        finally:
-            session.sending = None
-
-
-def _send_deferred(session: Session, send_parts: Callable[..., None]) -> None:
-    """Send what was sent re-entrantly while the session's lock was held, after it."""
+def send_deferred(session: Session, send_parts: Callable[..., None]) -> None:
+    """Send what was sent re-entrantly while the session's lock was held (:func:`transmit`),
+    before the lock is let go."""
     while session.deferred:
         batch, session.deferred = session.deferred, []
         send_parts(session.sealer.seal(batch), session, True)
-
-
-_get_ident = threading.get_ident
 
 
 class Lane:
@@ -263,4 +245,4 @@ class Lane:
             self._receiving.release()
 
 
-__all__ = ["Channel", "Lane", "PAIR_SEND_SLICE", "transmit", "transmit_one"]
+__all__ = ["Channel", "Lane", "PAIR_SEND_SLICE", "send_deferred", "transmit"]

@@ -157,7 +157,9 @@ class Opener:
         self._aes = algorithms.AES(key)
         self._aead = AESGCM(key)
         self._last = 0
-        self._seen = 0  # bit i: counter last - i was accepted
+        # bit i: counter last - i was accepted (counters up to 0 count as seen: a sender
+        # counts from 1; a window all ones needs no shifting while frames come in order)
+        self._seen = _WINDOW_MASK
         self._lock = threading.Lock()
 
     def open(self, frame: bytes | memoryview) -> Messages:
@@ -251,7 +253,8 @@ class StreamOpener(Opener):
         counter, nwords, nmsgs, op, nparts, length = _STREAM_ONE.unpack_from(frame)
         if counter != self._last + 1 or length != size or nparts != 1 or nmsgs != 1 or nwords != 6:
             return None
-        self._seen = ((self._seen << 1) | 1) & _WINDOW_MASK
+        if self._seen != _WINDOW_MASK:
+            self._seen = ((self._seen << 1) | 1) & _WINDOW_MASK
         self._last = counter
         return op, [frame[64:]]
 
