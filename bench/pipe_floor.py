@@ -1,14 +1,12 @@
-"""The floor of a Pipe step: fibercore's layers against the same work with the layers fused.
+"""The floor of a Pipe step: fibercore against multiprocessing's three start methods, on one CPU.
 
 One child echoes a CartPole-sized observation for each small int the master sends, pinned to
-one CPU so that what is measured is CPU, not the wake-up of an idle one. Three variants, each
-in a fresh process: fibercore as it is, multiprocessing fork, and an *experiment* that keeps
-fibercore's wire (the same Unix socket, sealed frames with their counter, record headers, the
-same serializer) but writes and reads it straight from ``Connection.send``/``recv``. The
-experiment reaches into private attributes and skips the checks that keep order and EOF right
-(a second sender thread, a frame read in pieces, a peer that left); its master blocks in
-``recv`` where the layers poll the socket and a wake-up pipe. It is a measure of what the
-layers cost, not a path to use.
+one CPU so that what is measured is CPU, not the wake-up of an idle one. Each variant runs in
+a fresh process. A connected fibercore end sends and reads through its line
+(:mod:`fibercore.pipes.line`), which executes about as many instructions per step as
+multiprocessing (``valgrind --tool=callgrind`` counts them: see docs/performance.md); what is
+left between them on one CPU is memory: a forked child shares its parent's pages (and so its
+caches), a spawned one or a fibercore job has pages of its own.
 
     taskset -c 0 python bench/pipe_floor.py [round_trips]
 
@@ -25,55 +23,14 @@ import time
 from typing import Any
 
 
-def echo(conn: Any, fused: bool) -> None:
+def echo(conn: Any) -> None:
     """The child: answer each int with an observation, until None."""
     import numpy as np
 
-    conn.send("ready")  # connect through the layers first
-    if fused:
-        _fuse()
+    conn.send("ready")
     obs = np.zeros(4, dtype=np.float32)
     while conn.recv() is not None:
         conn.send((obs, 1.0, False, False))
-
-
-def _line(conn: Any) -> tuple[Any, Any, Any, bytearray, Any]:
-    """A connected end's socket, sealer, opener, read buffer and serializer (private parts)."""
-    line = getattr(conn, "_floor_line", None)
-    if line is None:
-        from fibercore.runtime import get_runtime
-
-        lane = conn._network.current_lane()
-        endpoint = lane.channel.endpoint
-        tcp = endpoint._conn if hasattr(endpoint, "_conn") else endpoint._peers[lane.session]
-        line = conn._floor_line = (tcp.sock, lane.session.sealer, lane.session.opener, bytearray(1 << 16),
-                                   get_runtime().serializer)
-    return line
-
-
-def _fused_send(conn: Any, obj: Any) -> None:
-    from fibercore.pipes import OBJ
-
-    sock, sealer, _, _, serializer = _line(conn)
-    frame = sealer.seal([(OBJ, serializer.dumps(obj))])
-    size = sum(p.nbytes if type(p) is memoryview else len(p) for p in frame)
-    sock.sendmsg([size.to_bytes(4, "little"), *frame])
-
-
-def _fused_recv(conn: Any) -> Any:
-    sock, _, opener, scratch, serializer = _line(conn)
-    n = sock.recv_into(scratch)
-    size = int.from_bytes(scratch[:4], "little")
-    if n != 4 + size:
-        raise RuntimeError("a frame came in pieces: the experiment does not handle it")
-    return serializer.loads(opener.open(memoryview(scratch[4:n]))[0][1])
-
-
-def _fuse() -> None:
-    from fibercore import connection
-
-    connection.Connection.send = _fused_send  # type: ignore[method-assign]
-    connection.Connection.recv = _fused_recv  # type: ignore[method-assign]
 
 
 def _times(pid: int) -> tuple[int, int]:
@@ -88,14 +45,12 @@ def run(variant: str, steps: int) -> None:
 
     import fibercore
 
-    lib: Any = multiprocessing.get_context("fork") if variant == "fork" else fibercore
+    lib: Any = fibercore if variant == "fibercore" else multiprocessing.get_context(variant)
     a, b = lib.Pipe()
-    child = lib.Process(target=echo, args=(b, variant == "fused"), daemon=True)
+    child = lib.Process(target=echo, args=(b,), daemon=True)
     child.start()
     b.close()
     assert a.recv() == "ready"
-    if variant == "fused":
-        _fuse()
     for _ in range(2000):
         a.send(1)
         a.recv()
@@ -118,7 +73,7 @@ def run(variant: str, steps: int) -> None:
 
 def main() -> None:
     steps = int(sys.argv[1]) if len(sys.argv) > 1 else 100_000
-    for variant in ("fibercore", "fork", "fused"):
+    for variant in ("fibercore", "fork", "spawn", "forkserver"):
         subprocess.run([sys.executable, __file__, "--variant", variant, str(steps)], check=True)
 
 

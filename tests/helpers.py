@@ -226,3 +226,13 @@ def pipe_lane_behaviour(conn: Any) -> None:
         except BrokenPipeError:  # as multiprocessing: the reader is gone
             return
     raise AssertionError("no EOFError, or no BrokenPipeError after it")
+
+
+def pipe_line_echo(conn: Any) -> None:
+    """Echo objects; answer "line?" with whether this end sends and reads on its line
+    (:mod:`fibercore.pipes.line`); stop at None."""
+    while True:
+        item = conn.recv()
+        if item is None:
+            return
+        conn.send(conn._network.line is not None if item == "line?" else item)

@@ -15,6 +15,7 @@ from tests.helpers import (
     pipe_bytes_echo,
     pipe_collect,
     pipe_lane_behaviour,
+    pipe_line_echo,
     pipe_send_all,
     pipe_send_paced,
     pipe_send_sleep_send,
@@ -238,6 +239,45 @@ def test_a_second_writer_is_heard_while_the_first_is_silent():
     assert r.recv() == "first again"
     first.join(30)
     second.join(30)
+
+
+def test_a_connected_end_steps_on_its_line_and_drops_it_where_it_must():
+    """Once connected to its one peer, each end sends and reads on its line; a forked copy,
+    an end whose fileno() was used and a closed end have none, and messages keep coming."""
+    import os
+
+    a, b = mp.Pipe()
+    p = mp.Process(target=pipe_line_echo, args=(b,))
+    p.start()
+    b.close()
+    for i in range(50):
+        a.send(i)
+        assert a.recv() == i
+    from fibercore.transport import LaneEndpoint
+
+    if not isinstance(a._network.channel.endpoint, LaneEndpoint):
+        a.send(None)
+        p.join(30)
+        pytest.skip("this transport offers no lane (fiber-nng): a Pipe end has no line")
+    assert a._network.line is not None, "the master's end reads and sends on its line"
+    a.send("line?")
+    assert a.recv() is True, "so does the child's"
+    pid = os.fork()
+    if pid == 0:  # the sockets are the parent's: the copy must not use them directly
+        os._exit(0 if a._network.line is None else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 0, "a forked copy of the end has no line"
+    assert a._network.line is not None, "the parent keeps its own"
+    a.fileno()  # from now on a thread receives for this end
+    assert a._network.line is None
+    for i in range(20):
+        a.send(i)
+        assert a.recv() == i
+    a.send(None)
+    p.join(30)
+    assert p.exitcode == 0
+    a.close()
+    assert a._network.line is None
 
 
 def test_a_child_end_polls_receives_sends_bursts_and_sees_eof_through_its_lane():

@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 import pytest
 
 from fibercore.errors import AuthenticationError, TransportClosed, TransportError, TransportTimeout
-from fibercore.transport import DialEndpoint, Endpoint, FlowControl, Transport, Wakeable
+from fibercore.transport import DialEndpoint, Endpoint, FlowControl, LineEndpoint, Transport, Wakeable
 from fibercore.wire.handshake import Authenticator, Limits, Session
 
 
@@ -321,6 +321,49 @@ class TransportConformance:
                 continue
             got.append(int.from_bytes(bytes(data[:4]), "little"))
         assert got == list(range(20))
+
+    # -- lines (a declared capability) ---------------------------------------------------------------
+    def test_a_line_carries_frames_both_ways_in_order_with_the_endpoints_own_calls(
+            self, transport: Transport) -> None:
+        listener = self.listen(transport, kind="pair")
+        seen, cv = self.events(listener[0])
+        dialer = self.dial(transport, listener, kind="pair")
+        if not isinstance(dialer, LineEndpoint) or not isinstance(listener[0], LineEndpoint):
+            pytest.skip(f"{type(dialer).__name__} does not declare LineEndpoint")
+        assert self.wait_for(cv, lambda: seen, receiving=listener[0])
+        home_peer = seen[0][0]
+        near, far = dialer.line(dialer.peer), listener[0].line(home_peer)
+        if near is None or far is None:
+            pytest.skip("this transport offers no line on this connection (TLS, say)")
+        # The core writes under the peer's session lock and reads under its receive lock.
+        sizes = [0, 5, 4096, 1 << 20, 9]
+        for i, size in enumerate(sizes):
+            with dialer.peer.lock:  # type: ignore[attr-defined]
+                (near.write if i % 2 else dialer.send_parts)([i.to_bytes(4, "little"), bytes([i]) * size])
+        got: list[bytes] = []
+        deadline = time.monotonic() + self.timeout
+        while len(got) < len(sizes) and time.monotonic() < deadline:
+            frame = far.read(1.0, home_peer)
+            if frame is None:  # the line's path is not open now (a frame came in pieces): recv takes it
+                try:
+                    frame, _ = listener[0].recv(0.2)
+                except TransportTimeout:
+                    continue
+            got.append(bytes(frame))
+        assert [(int.from_bytes(g[:4], "little"), len(g) - 4) for g in got] == list(enumerate(sizes))
+        with home_peer.lock:  # type: ignore[attr-defined]
+            far.write([b"back", b"!"], home_peer)
+        frame = None
+        deadline = time.monotonic() + self.timeout
+        while frame is None and time.monotonic() < deadline:
+            frame = near.read(1.0, dialer.peer)
+        assert frame is not None and bytes(frame) == b"back!"
+        dialer.close()
+        with pytest.raises(TransportClosed):
+            for _ in range(100):  # a write may still fit in buffers before the end is seen
+                with home_peer.lock:  # type: ignore[attr-defined]
+                    far.write([b"x" * 65536], home_peer)
+                time.sleep(0.01)
 
     # -- flow control (a declared capability) -------------------------------------------------------
     def test_pause_stops_a_writer_and_resume_loses_nothing(self, transport: Transport) -> None:
