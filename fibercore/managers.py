@@ -137,10 +137,14 @@ class _Server:
             # One thread at a time takes a frame and queues its requests, so that requests
             # join their lanes in the order they arrived; running them is parallel.
             with self.intake:
+                with self.lock:
+                    surplus = not first and self.idle > SPARE_READERS
                 try:
-                    # The first thread sleeps until a request (shutdown closes the channel);
-                    # the others look every 0.5 s, so that spare ones leave once idle.
-                    messages, peer = self.channel.recv(timeout=None if first and untimed else 0.5)
+                    # A reader sleeps until a request (shutdown closes the channel); one of more
+                    # idle threads than SPARE_READERS looks every 0.5 s, and leaves when none came.
+                    # (A kept follower that looked every 0.5 s woke the first thread, waiting for
+                    # the intake, as often: 16 wake-ups in 4 s of an idle manager.)
+                    messages, peer = self.channel.recv(timeout=None if untimed and not surplus else 0.5)
                 except TransportError as exc:
                     messages, failure = [], exc
                 else:

@@ -20,14 +20,17 @@ PROGRAM = """
 
     def switches(pids):
         found = {{}}
-        for pid in pids:
+        for role, pid in pids:
             for tid in os.listdir(f"/proc/{{pid}}/task"):
                 try:
                     with open(f"/proc/{{pid}}/task/{{tid}}/status") as fh:
                         text = fh.read()
+                    with open(f"/proc/{{pid}}/task/{{tid}}/comm") as fh:
+                        name = fh.read().strip()
                 except OSError:
                     continue
-                found[f"{{pid}}/{{tid}}"] = int(text.split("voluntary_ctxt_switches:")[1].split()[0])
+                key = f"{{role}} {{pid}}/{{tid}} {{name}}"
+                found[key] = int(text.split("voluntary_ctxt_switches:")[1].split()[0])
         return found
 
     if __name__ == "__main__":
@@ -45,8 +48,9 @@ PROGRAM = """
             waiter = mp.Process(target=wait_for_event, args=(event, shared))  # waits in event.wait()
             waiter.start()
             time.sleep(2.0)  # settled
-            pids = [os.getpid(), reader.pid, collector.pid, waiter.pid, manager._process.pid,
-                    *(w.pid for w in pool.workers())]
+            pids = [("master", os.getpid()), ("reader", reader.pid), ("collector", collector.pid),
+                    ("waiter", waiter.pid), ("manager", manager._process.pid),
+                    *(("worker", w.pid) for w in pool.workers())]
             before = switches(pids)
             time.sleep(4.0)
             after = switches(pids)

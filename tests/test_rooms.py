@@ -22,7 +22,7 @@ POOL = FIBERCORE / "pool"
 #: codes (``records``, ``protocol``; the pipes' ops in ``__init__``) are below every room.
 ORDER = ["shared", "dispatch", "fleet", "supervision", "scheduler", "api"]
 DATA = {"records", "protocol", "worker", "progress", "results"}
-PIPES = ["inbox", "home", "memory", "network", "readiness", "connection"]
+PIPES = ["inbox", "home", "memory", "line", "network", "readiness", "connection"]
 MUTATORS = {"pop", "popleft", "popitem", "clear", "append", "appendleft", "extend", "extendleft",
             "insert", "remove", "discard", "add", "update", "setdefault"}
 #: Records whose fields the rooms share by design (their owner is named in records.py):

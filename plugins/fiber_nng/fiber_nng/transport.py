@@ -738,6 +738,8 @@ class NngDialer:
                     hello = bytes(req.recv())
                 except pynng.ConnectionRefused:
                     raise TransportError(f"nothing listens at {self.address}") from None
+                except pynng.Timeout:  # a listener slow to answer (a flood, a loaded machine): as busy
+                    hello = _BUSY
                 except pynng.NNGException as exc:
                     raise TransportError(f"fiber-nng cannot reach {self.address}: {exc}") from None
                 if hello != _BUSY:
@@ -751,19 +753,27 @@ class NngDialer:
                     try:
                         req.send(proof)
                         answer = bytes(req.recv())
+                    except pynng.Timeout:
+                        # No answer within the listener's own handshake timeout: it has given
+                        # this greeting up (and any data socket it made for it), so a new one
+                        # is safe. Greeted again, as when busy.
+                        answer = _BUSY
                     except pynng.NNGException as exc:
                         raise TransportError(f"the listener at {self.address} went away: {exc}") from None
-                    if answer in (_REFUSED, _BUSY) or len(answer) <= MAC_SIZE + TOKEN:
+                    if answer == _BUSY:
+                        pass
+                    elif answer == _REFUSED or len(answer) <= MAC_SIZE + TOKEN:
                         raise AuthenticationError(
                             f"{self.address} refused this connection: it does not hold the same secret (another "
                             "session's, or a manager with another authkey), or it is closing")
-                    try:
-                        hs.feed(answer[:MAC_SIZE])
-                    except Exception as exc:
-                        raise AuthenticationError(
-                            f"{self.address} did not prove it holds the same secret ({exc}): another session's, "
-                            "or a manager with another authkey") from None
-                    return hs.session, answer[MAC_SIZE:MAC_SIZE + TOKEN], int(answer[MAC_SIZE + TOKEN:])
+                    else:
+                        try:
+                            hs.feed(answer[:MAC_SIZE])
+                        except Exception as exc:
+                            raise AuthenticationError(
+                                f"{self.address} did not prove it holds the same secret ({exc}): another "
+                                "session's, or a manager with another authkey") from None
+                        return hs.session, answer[MAC_SIZE:MAC_SIZE + TOKEN], int(answer[MAC_SIZE + TOKEN:])
             finally:
                 req.close()
             if time.monotonic() + pause > give_up:
