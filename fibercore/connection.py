@@ -204,20 +204,11 @@ class Connection:
             parts = serializer.dumps(obj)
         except Exception:  # said again with what and where
             parts = dumps_or_explain(serializer, obj, "an object through a Pipe")
-        line = self._network.line
-        if line is not None:  # _send's first step, inlined: a simulator's every step
-            try:
-                if line.send(OBJ, parts):
-                    return
-            except TransportClosed as exc:
-                raise BrokenPipeError(f"the other end of the pipe {self._address} is gone: {exc}") from None
-        self._send_through_layers(OBJ, parts)
+        self._send(OBJ, parts)
 
     def recv(self) -> Any:
         """Receive an object sent with send(); EOFError when the other end is closed."""
-        line = self._network.line  # _next's first step, inlined
-        msg = line.recv() if line is not None else None
-        op, parts = msg if msg is not None else self._next_through_layers(None)
+        op, parts = self._next(None)
         if op == BYTES:  # as multiprocessing: recv() unpickles whatever bytes arrive
             return get_runtime().serializer.loads([parts[0]])
         return get_runtime().serializer.loads(parts)

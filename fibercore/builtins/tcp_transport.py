@@ -221,7 +221,6 @@ class _Conn:
         self.max_record = MAX_HANDSHAKE_FRAME
         self._max_one = MAX_HANDSHAKE_FRAME  # the largest one-record frame: both limits hold
         self._scratch = bytearray(MAX_HANDSHAKE_FRAME + 4)  # grown once authenticated
-        self._scratches = [self._scratch]  # the same, as os.readv takes it
         self.fd = sock.fileno()
         self._header = bytearray(4)
         self._hpos = 0
@@ -241,9 +240,10 @@ class _Conn:
         if total <= RECORD_MAX:
             iov: list[Any] = [_HEADER.pack(total), *parts]
             if block and deadline is None and not self.tls and len(iov) <= _IOV_MAX:
-                # The usual case, one call: a frame that fits the socket's buffer.
+                # The usual case, one call: a frame that fits the socket's buffer (os.writev:
+                # the same write as sendmsg, for less Python).
                 try:
-                    n = self.sock.sendmsg(iov)
+                    n = _writev(self.fd, iov)
                 except _WOULD_BLOCK:
                     n = 0
                 except OSError as exc:
@@ -355,18 +355,8 @@ class _Conn:
         brought parsed (whole frames to ``deliver``). The connection must be :attr:`idle`.
         Raises what :meth:`pump` raises."""
         scratch = self._scratch
-        if wait and self.spin > 0:
-            n = self._recv_into(memoryview(scratch), wait)
-        else:  # _recv_into and _whole_record, inlined: every step of a simulator comes here
-            try:  # os.readv: the same read as recv_into, for half its cost in Python
-                n = _readv(self.fd, self._scratches) if wait else self.sock.recv_into(scratch, 0, _DONTWAIT)
-            except _WOULD_BLOCK:
-                raise
-            except OSError as exc:
-                raise _Gone(str(exc)) from None
-            if n == 0:
-                raise _Gone("closed by the peer")
-        if n > 4:
+        n = self._recv_into(scratch, wait)
+        if n > 4:  # _whole_record, inlined: every step of a simulator comes here
             (word,) = _HEADER.unpack_from(scratch)  # the "more" bit set: over any max_record
             if word + 4 == n and word <= self._max_one:
                 return memoryview(scratch[4:n])  # a copy: the scratch buffer is read into again
@@ -403,14 +393,16 @@ class _Conn:
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _TIMEVAL.pack(whole, micros))
         self._rcvtimeo = seconds
 
-    def _recv_into(self, view: memoryview, wait: bool = False) -> int:
+    def _recv_into(self, view: memoryview | bytearray, wait: bool = False) -> int:
         try:
             if self.tls:
                 n = self.sock.recv_into(view)
             elif wait and self.spin > 0 and self.spin_gate.open():
                 n = self._spin_then_wait(view)
+            elif wait:  # os.readv: the same read as recv_into, for half its cost in Python
+                n = _readv(self.fd, [view])
             else:
-                n = self.sock.recv_into(view, 0, 0 if wait else _DONTWAIT)
+                n = self.sock.recv_into(view, 0, _DONTWAIT)
         except _WOULD_BLOCK:
             raise
         except OSError as exc:
@@ -419,7 +411,7 @@ class _Conn:
             raise _Gone("closed by the peer")
         return n
 
-    def _spin_then_wait(self, view: memoryview) -> int:
+    def _spin_then_wait(self, view: memoryview | bytearray) -> int:
         """A waiting read: poll for ``spin`` seconds, then block in the kernel.
 
         A reply often comes within tens of microseconds; a thread that sleeps for it
@@ -499,7 +491,6 @@ class _Conn:
     def authenticated(self, session: Session, max_frame: int) -> None:
         self.session = session
         self._scratch = bytearray(_SCRATCH)
-        self._scratches = [self._scratch]
         self.max_record = RECORD_MAX
         self.max_frame = max_frame
         self._max_one = min(RECORD_MAX, max_frame)
@@ -521,39 +512,22 @@ class _TcpLine:
     written and read on the caller's thread with no look-up per call (a connected Pipe end's
     every message). ``read`` is the endpoint's ``recv_frame`` for this connection."""
 
-    __slots__ = ("_conn", "_fd", "_broken", "read")
+    __slots__ = ("_conn", "_broken", "read")
 
     def __init__(self, conn: _Conn, broken: Callable[[_Conn, str], TransportClosed],
                  read: Callable[..., memoryview | None]) -> None:
         self._conn = conn
-        self._fd = conn.fd
         #: What the endpoint does with a connection that broke, and the error to raise.
         self._broken = broken
         self.read = read
 
     def write(self, parts: list[Any], peer: Hashable = None, block: bool = True) -> None:
         """The endpoint's ``send_parts`` to this connection, without its send lock: the
-        caller holds the peer's session lock, as the core does for every frame it sends.
-        A small frame of a head and a body (a sealed message) is written in one call."""
-        conn = self._conn
+        caller holds the peer's session lock, as the core does for every frame it sends."""
         try:
-            if block and len(parts) == 2:
-                head, body = parts
-                total = len(head) + (body.nbytes if type(body) is memoryview else len(body))
-                if total <= RECORD_MAX:
-                    iov = [_HEADER.pack(total), head, body]
-                    try:  # os.writev: the same write as sendmsg, for less Python
-                        n = _writev(self._fd, iov)
-                    except _WOULD_BLOCK:
-                        n = 0
-                    except OSError as exc:
-                        raise _Gone(str(exc)) from None
-                    if n != total + 4:  # the socket's buffer was full: the rest as the connection writes
-                        conn._write_all(_after(iov, n), True, None)
-                    return
-            conn.write(parts, block)
+            self._conn.write(parts, block)
         except _Broken as exc:
-            raise self._broken(conn, str(exc)) from None
+            raise self._broken(self._conn, str(exc)) from None
 
 
 # ---------------------------------------------------------------------------------------
