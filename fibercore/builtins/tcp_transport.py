@@ -507,6 +507,47 @@ class _Conn:
             pass
 
 
+class _Looker:
+    """The descriptors a listener's reading thread waits on, each with its connection (None:
+    the wake-up pipe): what ``selectors`` keeps, without its Python on every look (a listener
+    looks once per frame it reads). epoll where there is one, else poll(2)."""
+
+    def __init__(self) -> None:
+        self._epoll = hasattr(select, "epoll")
+        self._poll: Any = select.epoll() if self._epoll else select.poll()
+        self._data: dict[int, Any] = {}
+
+    def register(self, fd: int, data: Any) -> None:
+        self._poll.register(fd, select.POLLIN)
+        self._data[fd] = data
+
+    def unregister(self, fd: int) -> None:
+        """Forget ``fd`` (its descriptor may be closed already)."""
+        if self._data.pop(fd, _Looker) is not _Looker:
+            try:
+                self._poll.unregister(fd)
+            except (KeyError, ValueError, OSError):
+                pass
+
+    def get(self, fd: int) -> Any:
+        """What ``fd`` was registered with; KeyError if it is not."""
+        return self._data[fd]
+
+    def select(self, timeout: float | None) -> list[Any]:
+        """What the readable descriptors were registered with, within ``timeout`` seconds."""
+        if self._epoll:
+            events = self._poll.poll(-1 if timeout is None else timeout)
+        else:
+            events = self._poll.poll(None if timeout is None else int(timeout * 1000 + 0.999))
+        data = self._data
+        return [data[fd] for fd, _ in events if fd in data]
+
+    def close(self) -> None:
+        if self._epoll:
+            self._poll.close()
+        self._data.clear()
+
+
 class _TcpLine:
     """:class:`fibercore.transport.LineEndpoint`: one authenticated plain connection's frames,
     written and read on the caller's thread with no look-up per call (a connected Pipe end's
@@ -637,7 +678,7 @@ class TcpListener:
         # Authenticated connections are read by the thread waiting in recv (one at a time:
         # ``_reading``), through this listener's own selector; other threads change that
         # selector only through ``_todo``, applied by the reader, and wake it with ``_wake``.
-        self._own = selectors.DefaultSelector()
+        self._own = _Looker()
         self._last_frame = 0.0  # when a frame last arrived (a listener spins only while busy)
         self._reading = threading.Lock()
         #: recv_frame's connection, its poll, descriptor, what takes frames it reads past, and peer
@@ -648,7 +689,7 @@ class TcpListener:
         os.set_blocking(r, False)
         os.set_blocking(w, False)
         self._wake: tuple[int, int] | None = (r, w)
-        self._own.register(r, selectors.EVENT_READ, None)
+        self._own.register(r, None)
         self._reactor = _get_reactor()
         self._reactor.call(self._start)
 
@@ -823,25 +864,20 @@ class TcpListener:
     def _watch(self, conn: _Conn) -> None:
         if conn.session not in self._peers:
             return  # dropped meanwhile
+        fd = conn.fd
+        self._own.unregister(fd)  # a closed connection's number, reused
         try:
-            self._own.unregister(conn.sock.fileno())  # a closed connection's number, reused
-        except (KeyError, ValueError, OSError):
-            pass
-        try:
-            self._own.register(conn.sock, selectors.EVENT_READ, conn)
+            self._own.register(fd, conn)
         except (KeyError, ValueError, OSError):
             pass
 
     def _unwatch(self, conn: _Conn) -> None:
         try:
-            key = self._own.get_key(conn.sock)
-        except (KeyError, ValueError, OSError):
+            watched = self._own.get(conn.fd)
+        except KeyError:
             return
-        if key.data is conn:
-            try:
-                self._own.unregister(conn.sock)
-            except (KeyError, ValueError, OSError):
-                pass
+        if watched is conn:
+            self._own.unregister(conn.fd)
 
     def wake(self) -> None:
         """:class:`fibercore.transport.Wakeable`: the thread waiting in :meth:`recv` raises
@@ -1038,21 +1074,21 @@ class TcpListener:
             self._todo.popleft()()
         step = IDLE_STEP if timeout is None else min(IDLE_STEP, timeout)
         try:
-            ready = self._own.select(0)
-            if not ready and step > 0:
+            ready = None
+            if self._spin > 0 and step > 0:  # a spinning read looks first (one look otherwise)
+                ready = self._own.select(0)
                 now = time.perf_counter()
-                if now - self._last_frame < SPIN_AFTER and self._spin > 0 and self._spin_gate.open():
+                if not ready and now - self._last_frame < SPIN_AFTER and self._spin_gate.open():
                     # busy, and a CPU to spare: the next frame is likely soon
                     end = now + min(self._spin, step)
                     while not ready and time.perf_counter() < end:
                         ready = self._own.select(0)
                     self._spin_gate.result(bool(ready))
-                if not ready:
-                    ready = self._own.select(step)
+            if not ready:
+                ready = self._own.select(step)
         except (OSError, ValueError):  # closed under us
             return got
-        for key, _ in ready:
-            conn = key.data
+        for conn in ready:
             if conn is None:
                 try:
                     os.read(wake[0], 4096)

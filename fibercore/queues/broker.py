@@ -168,9 +168,14 @@ class Broker:
                 return
 
     def _changed(self) -> None:
-        self._sync_ready()
-        self.cv.notify_all()
-        if self._dispatch_due():
+        if self._ready is not None:
+            self._sync_ready()
+        # Only whoever waits is notified: every waiter looks at its condition under the lock
+        # (held here) before it waits, so a notify with no waiter changes nothing, and
+        # Condition.notify costs a busy queue tens of bytecodes per operation for nothing.
+        if self.cv._waiters:  # type: ignore[attr-defined]  # CPython's Condition, since 3.0
+            self.cv.notify_all()
+        if self.work._waiters and self._dispatch_due():  # type: ignore[attr-defined]
             self.work.notify()
         if self.items and self.reader is not None and self.reader is not self._receiver:
             self.channel.wake()  # a getter receiving on the channel: items came another way

@@ -27,6 +27,7 @@ endpoint fails. Nothing in a frame is looked at before the tag is checked.
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import struct
 import sys
@@ -54,6 +55,13 @@ _ONE = struct.Struct("<6Q")  # the words of a frame of one message in one part
 _STREAM_ONE = struct.Struct("<16x6Q")  # the same behind a private stream's all-zero tag
 _U64 = struct.Struct("<Q")
 _U64x3 = struct.Struct("<3Q")
+_U64x2 = struct.Struct("<2Q")
+
+
+@functools.lru_cache(maxsize=64)
+def _sizes(n: int) -> struct.Struct:
+    """The layout of ``n`` part sizes (one message's, after its op and part count)."""
+    return struct.Struct(f"<{n}Q")
 
 Message = tuple[int, Sequence[Any]]  # (op, parts)
 Messages = list[tuple[int, list[memoryview]]]
@@ -284,6 +292,16 @@ def _split(body: memoryview) -> Messages:
         op, nparts, size = _U64x3.unpack_from(body, 24)
         if nparts == 1 and 48 + size == len(body):
             return [(op, [body[48:]])]
+    elif nmsgs == 1 and nwords < 64 and 8 * nwords <= len(body):  # one message of a few parts
+        op, nparts = _U64x2.unpack_from(body, 24)
+        if nwords == 5 + nparts:
+            pos = 8 * nwords
+            parts = []
+            for size in _sizes(nparts).unpack_from(body, 40):
+                parts.append(body[pos : pos + size])
+                pos += size
+            if pos == len(body):
+                return [(op, parts)]
     end_words = 8 * nwords
     if nwords < _FIXED_WORDS or end_words > len(body):
         raise BadFrame("bad header length")
