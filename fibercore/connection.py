@@ -144,6 +144,9 @@ class Connection:
 
     def _next(self, timeout: float | None) -> Message:
         """Next message; raises TransportTimeout after ``timeout``, EOFError at the end."""
+        inbox = self._inbox
+        if inbox.messages and self._readable and not self._closed:  # a batch's next message
+            return inbox.take()
         if timeout is None:
             line = self._network.line
             if line is not None:  # connected, one peer, nothing buffered: the line

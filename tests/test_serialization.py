@@ -7,7 +7,7 @@ import threading
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
@@ -77,6 +77,37 @@ def test_frames_round_trip_many_messages(messages):
     msgs = [(i % 250 + 1, parts) for i, parts in enumerate(messages)]
     out = unseal(KEY, seal(KEY, msgs))
     assert [(op, [bytes(p) for p in parts]) for op, parts in out] == msgs
+
+
+@settings(deadline=None)
+@given(st.lists(st.binary(max_size=30), max_size=60), st.lists(st.binary(max_size=30), min_size=2, max_size=7))
+def test_frames_round_trip_batches_of_one_part_messages_and_a_message_of_many_parts(batch, many):
+    msgs = [(i % 250 + 1, [part]) for i, part in enumerate(batch)]  # a sender's burst
+    assert [(op, [bytes(p) for p in parts]) for op, parts in unseal(KEY, seal(KEY, msgs))] == msgs
+    [(op, parts)] = unseal(KEY, seal(KEY, [(7, many)]))  # a request of a few parts
+    assert op == 7 and [bytes(p) for p in parts] == many
+
+
+@given(st.lists(st.integers(0, 20), min_size=1, max_size=6), st.integers(-3, 3).filter(bool), st.booleans())
+def test_an_authentic_header_that_does_not_match_its_payload_is_refused(sizes, off, batch):
+    """What a peer holding the key could still send wrong: sizes that do not add up to the
+    payload (each of _split's shortcuts must refuse it as its general loop does)."""
+    from fibercore.wire.frames import _split
+
+    words = [0, 0, 0]
+    if batch:  # one-part messages
+        for i, size in enumerate(sizes):
+            words += [i + 1, 1, size]
+        words[2] = len(sizes)
+    else:  # one message of several parts
+        words += [1, len(sizes), *sizes]
+        words[2] = 1
+    words[1] = len(words)
+    assume(sum(sizes) + off >= 0)
+    payload = bytes(sum(sizes) + off)
+    body = memoryview(b"".join(w.to_bytes(8, "little") for w in words) + payload)
+    with pytest.raises(BadFrame):
+        _split(body)
 
 
 @settings(max_examples=200, deadline=None)

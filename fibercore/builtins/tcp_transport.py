@@ -1096,14 +1096,20 @@ class TcpListener:
                     pass
                 continue
             session = conn.session
+            deliver = lambda frame, s=session: got.append((frame, s))  # noqa: E731
             try:
-                conn.pump(lambda frame, s=session: got.append((frame, s)))
+                if conn.idle:  # the usual case: one read brings one whole frame, taken as it is
+                    frame = conn.read_one(deliver, wait=False)
+                    if frame is not None:
+                        got.append((frame, session))
+                else:
+                    conn.pump(deliver)
             except _WOULD_BLOCK:
                 pass
             except (_Broken, OSError, ValueError):
                 self._unwatch(conn)
                 self._reactor.call(functools.partial(self._drop, conn))
-        if got:
+        if got and self._spin > 0:
             self._last_frame = time.perf_counter()
         return got
 
