@@ -315,7 +315,7 @@ def _split(body: memoryview) -> Messages:
         ends = list(itertools.accumulate(words[_FIXED_WORDS + 2 :: 3], initial=end_words))
         if ends[-1] != len(body):
             raise BadFrame("payload length does not match header")
-        return [(op, [body[a:b]]) for op, a, b in zip(words[_FIXED_WORDS::3], ends, ends[1:], strict=True)]
+        return [(op, [body[a:b]]) for op, a, b in zip(words[_FIXED_WORDS::3], ends[:-1], ends[1:], strict=True)]
     pos, i, out = end_words, _FIXED_WORDS, []
     try:
         for _ in range(words[2]):
