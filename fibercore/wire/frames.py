@@ -27,7 +27,6 @@ endpoint fails. Nothing in a frame is looked at before the tag is checked.
 from __future__ import annotations
 
 import collections
-import functools
 import itertools
 import logging
 import struct
@@ -56,13 +55,6 @@ _ONE = struct.Struct("<6Q")  # the words of a frame of one message in one part
 _STREAM_ONE = struct.Struct("<16x6Q")  # the same behind a private stream's all-zero tag
 _U64 = struct.Struct("<Q")
 _U64x3 = struct.Struct("<3Q")
-_U64x2 = struct.Struct("<2Q")
-
-
-@functools.lru_cache(maxsize=64)
-def _sizes(n: int) -> struct.Struct:
-    """The layout of ``n`` part sizes (one message's, after its op and part count)."""
-    return struct.Struct(f"<{n}Q")
 
 Message = tuple[int, Sequence[Any]]  # (op, parts)
 Messages = list[tuple[int, list[memoryview]]]
@@ -293,16 +285,6 @@ def _split(body: memoryview) -> Messages:
         op, nparts, size = _U64x3.unpack_from(body, 24)
         if nparts == 1 and 48 + size == len(body):
             return [(op, [body[48:]])]
-    elif nmsgs == 1 and nwords < 64 and 8 * nwords <= len(body):  # one message of a few parts
-        op, nparts = _U64x2.unpack_from(body, 24)
-        if nwords == 5 + nparts:
-            pos = 8 * nwords
-            parts = []
-            for size in _sizes(nparts).unpack_from(body, 40):
-                parts.append(body[pos : pos + size])
-                pos += size
-            if pos == len(body):
-                return [(op, parts)]
     end_words = 8 * nwords
     if nwords < _FIXED_WORDS or end_words > len(body):
         raise BadFrame("bad header length")
@@ -310,8 +292,15 @@ def _split(body: memoryview) -> Messages:
     words.frombytes(body[:end_words])
     if _BIG:
         words.byteswap()
+    # The two usual shapes, cut with no loop in Python (where each part ends, from the sizes):
+    if nmsgs == 1 and nwords >= _FIXED_WORDS + 2 and nwords == _FIXED_WORDS + 2 + words[_FIXED_WORDS + 1]:
+        # one message of several parts (a request, an object with out-of-band buffers)
+        ends = list(itertools.accumulate(words[_FIXED_WORDS + 2 :], initial=end_words))
+        if ends[-1] != len(body):
+            raise BadFrame("payload length does not match header")
+        return [(words[_FIXED_WORDS], [body[a:b] for a, b in zip(ends[:-1], ends[1:], strict=True)])]
     if nwords == _FIXED_WORDS + 3 * nmsgs and words[_FIXED_WORDS + 1 :: 3].count(1) == nmsgs:
-        # A batch of one-part messages (op, 1, size each): sliced with no loop in Python.
+        # a batch of one-part messages (op, 1, size each)
         ends = list(itertools.accumulate(words[_FIXED_WORDS + 2 :: 3], initial=end_words))
         if ends[-1] != len(body):
             raise BadFrame("payload length does not match header")
