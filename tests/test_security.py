@@ -172,12 +172,18 @@ def _spray_nng(port: int, evil: bytes) -> None:
 
 
 def hold_connections(ports: list[int], count: int) -> list[socket.socket]:
-    held = []
-    for i in range(count):
+    """Up to ``count`` idle connections spread over ``ports``; a port that closed since it was
+    listed (a data socket of a peer that left) drops out of the rotation."""
+    held: list[socket.socket] = []
+    open_ports = list(ports)
+    while len(held) < count and open_ports:
+        port = open_ports[len(held) % len(open_ports)]
         try:
-            held.append(socket.create_connection(("127.0.0.1", ports[i % len(ports)]), timeout=2))
+            held.append(socket.create_connection(("127.0.0.1", port), timeout=2))
+        except ConnectionRefusedError:
+            open_ports.remove(port)
         except OSError:
-            break
+            break  # out of descriptors or ports: the master holds as many as it will
     return held
 
 

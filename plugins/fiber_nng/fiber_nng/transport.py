@@ -274,16 +274,25 @@ class _Conn:
         self.closed = False
         self.session: Any = None
         self.paused = False
+        #: nng's id of the one connection this socket serves (its first).
+        self.pipe_id: int | None = None
         self._wake = wake
         sock.add_post_pipe_connect_cb(self._connected)
         sock.add_post_pipe_remove_cb(self._removed)
 
     # nng's threads: record, then wake whoever selects
     def _connected(self, pipe: Any) -> None:
+        if self.pipe_id is None:
+            self.pipe_id = pipe.id
         self.connected = True
         self._wake.set()
 
     def _removed(self, pipe: Any) -> None:
+        # Pair0 refuses a second connection while the first stays, and nng reports that refused
+        # one as removed too: only the removal of this socket's own connection ends it (a
+        # stranger dialling a peer's data port would otherwise cut the peer off).
+        if pipe.id != self.pipe_id:
+            return
         self.gone = True
         self._wake.set()
 

@@ -94,3 +94,41 @@ def test_endpoints_work_when_descriptors_are_numbered_past_1023():
             os.close(r)
             os.close(w)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_stranger_dialling_a_peers_data_port_does_not_cut_the_peer_off():
+    """Pair0 refuses a second connection to a peer's data socket, and nng reports that refused
+    connection as removed: the peer's own connection must stay (a CI run lost a worker's queue
+    connection to an attacker's dial)."""
+    import time
+
+    import pynng
+
+    from fibercore.transport import Authenticator
+
+    key = b"k" * 32
+    auth = Authenticator(key, "router", service="conformance")
+    listener = NngTransport().listen("router", "127.0.0.1", auth=auth)
+    dialer = NngTransport().dial("router", listener.address,
+                                 auth=Authenticator(key, "router", service="conformance", expect=auth.identity))
+    try:
+        dialer.send_parts([b"before"])
+        frame, peer = listener.recv(10)
+        assert bytes(frame) == b"before"
+        (conn,) = listener._peers.values()
+        data_port = int(str(conn.sock.listeners[0].local_address).rsplit(":", 1)[1])
+        for _ in range(3):
+            with pynng.Pair0(dial=f"tcp://127.0.0.1:{data_port}", send_timeout=300) as stranger:
+                try:
+                    stranger.send(b"not the token")
+                except pynng.Timeout:
+                    pass
+        time.sleep(1.0)  # past the accept thread's IDLE_STEP: a departure would have been noticed
+        assert listener.peer_count == 1
+        dialer.send_parts([b"after"])
+        assert bytes(listener.recv(10)[0]) == b"after"
+        listener.send_parts([b"back"], peer)
+        assert bytes(dialer.recv(10)[0]) == b"back"
+    finally:
+        dialer.close()
+        listener.close()
