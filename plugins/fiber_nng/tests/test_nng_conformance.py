@@ -3,7 +3,7 @@ TCP and over nng's own TLS."""
 
 from __future__ import annotations
 
-from fiber_nng.transport import NngTransport
+from fiber_nng.transport import NngTransport, _port_of
 
 from fibercore.testing import TransportConformance
 from tests.helpers import tls_settings
@@ -116,7 +116,7 @@ def test_a_stranger_dialling_a_peers_data_port_does_not_cut_the_peer_off():
         frame, peer = listener.recv(10)
         assert bytes(frame) == b"before"
         (conn,) = listener._peers.values()
-        data_port = int(str(conn.sock.listeners[0].local_address).rsplit(":", 1)[1])
+        data_port = _port_of(conn.sock.listeners[0])
         for _ in range(3):
             with pynng.Pair0(dial=f"tcp://127.0.0.1:{data_port}", send_timeout=300) as stranger:
                 try:
