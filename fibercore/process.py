@@ -449,7 +449,7 @@ def _terminate_all(force: bool = True, connected_too: bool = True) -> None:
 
 def _install_exit_handlers() -> None:
     """At exit, stop this process's jobs; on SIGTERM too (if nobody else handles it)."""
-    global _exit_installed
+    global _exit_installed, _sigterm_installer
     if _exit_installed:
         return
     _exit_installed = True
@@ -457,25 +457,44 @@ def _install_exit_handlers() -> None:
     if threading.current_thread() is threading.main_thread():
         try:
             if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
-                installer = os.getpid()
-
-                def on_sigterm(signum: int, frame: Any) -> None:
-                    # The master stops every job at once. A job's own children outlive it
-                    # briefly, as multiprocessing's do (parent_process() turns not alive),
-                    # then leave by themselves: no orphan either way. A process forked from
-                    # it (a multiprocessing fork child) inherits this handler but not the
-                    # jobs: it just ends, as it would without fibercore (its copy of our
-                    # state may hold locks taken at the fork: touching it could hang).
-                    if os.getpid() == installer:
-                        from fibercore.runtime import get_runtime
-
-                        _terminate_all(force=True, connected_too=not get_runtime().is_worker)
-                    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-                    os.kill(os.getpid(), signal.SIGTERM)
-
-                signal.signal(signal.SIGTERM, on_sigterm)
+                _sigterm_installer = os.getpid()
+                signal.signal(signal.SIGTERM, _on_sigterm)
         except (ValueError, OSError):  # pragma: no cover - not the main interpreter
             pass
+
+
+_sigterm_installer = 0
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    """The master stops every job at once, then dies of SIGTERM as it would have.
+
+    A job's own children outlive it briefly, as multiprocessing's do (parent_process() turns
+    not alive), then leave by themselves: no orphan either way. A forked child drops this
+    handler (_sigterm_default_in_child); should it run there anyway, the child just ends (its
+    copy of our state may hold locks taken at the fork: touching it could hang)."""
+    if os.getpid() == _sigterm_installer:
+        from fibercore.runtime import get_runtime
+
+        _terminate_all(force=True, connected_too=not get_runtime().is_worker)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _sigterm_default_in_child() -> None:
+    """A forked child (a multiprocessing fork worker) has none of our jobs: SIGTERM ends it
+    at once, as without fibercore. A Python-level handler would not be safe there: CPython
+    runs it only between bytecodes, and a SIGTERM that lands just before a blocking wait
+    (``Pool.terminate()`` signalling a worker on its way into ``SemLock.acquire``) is never
+    acted on, so the child, and the ``join()`` after it, hang."""
+    if signal.getsignal(signal.SIGTERM) is _on_sigterm:
+        try:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        except ValueError:  # pragma: no cover - forked from a thread of a sub-interpreter
+            pass
+
+
+os.register_at_fork(after_in_child=_sigterm_default_in_child)
 
 
 __all__ = [

@@ -465,6 +465,34 @@ def test_a_jobs_child_outlives_its_terminated_parent_briefly_then_leaves():
     assert not os.path.exists(f"/proc/{pid}"), "the grandchild was left running"
 
 
+def test_a_child_forked_from_a_master_gets_the_default_sigterm(tmp_path):
+    """The master's SIGTERM handler (stop every job) is not inherited by a process forked
+    from it: there SIGTERM ends the process at once, as without fibercore. A Python-level
+    handler in a fork child can miss a SIGTERM that lands just before a blocking wait
+    (CPython runs handlers between bytecodes), which hung ``Pool.terminate()``."""
+    out = run_script(tmp_path, """
+        import os, signal
+        import fibercore as mp
+        from fibercore.testing.conformance import sleep_for
+
+        if __name__ == "__main__":
+            job = mp.Process(target=sleep_for, args=(60,))
+            job.start()
+            print("master handles SIGTERM", signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None))
+            r, w = os.pipe()
+            pid = os.fork()
+            if pid == 0:
+                os.write(w, b"default" if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL else b"ours")
+                os._exit(0)
+            os.waitpid(pid, 0)
+            print("fork child's SIGTERM", os.read(r, 16).decode())
+            job.kill()
+            job.join(10)
+    """)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["master handles SIGTERM True", "fork child's SIGTERM default"]
+
+
 def test_a_multiprocessing_fork_child_of_a_master_leaves_its_jobs_alone(tmp_path):
     """A multiprocessing fork Pool in a fibercore master: terminating it (SIGTERM to its
     children) must neither hang nor let the forked children stop the master's own jobs with
