@@ -233,27 +233,23 @@ def _send(conn: _Conn, data: bytes, block: bool, gone: Callable[[], bool], where
     :data:`SEND_STEP`, that the peer is still there: a Pair0 socket whose peer left would wait
     for another forever); ``block=False``: TransportTimeout rather than wait. Each attempt
     holds the connection's lock, so that no thread closes the socket in the middle of it
-    (nng aborted the process when a socket was closed under a send)."""
+    (nng aborted the process when a socket was closed under a send): a close() meanwhile
+    is carried out when the attempt returns."""
     if gone():
         raise TransportClosed(f"the connection to {where} is gone")
-    if not block:
+    while True:
         try:
-            with conn.lock:
+            try:
+                with conn.lock:
+                    if conn.closed:
+                        raise pynng.Closed(-1, "closed")
+                    conn.sock.send(data, block=block)
+            finally:
                 if conn.closed:
-                    raise pynng.Closed(-1, "closed")
-                conn.sock.send(data, block=False)
+                    conn.close_socket()
             return
         except pynng.TryAgain:
             raise TransportTimeout(f"{where}: nothing could be sent now") from None
-        except pynng.Closed:
-            raise TransportClosed(f"the connection to {where} is closed") from None
-    while True:
-        try:
-            with conn.lock:
-                if conn.closed:
-                    raise pynng.Closed(-1, "closed")
-                conn.sock.send(data)
-            return
         except pynng.Timeout:
             if gone():
                 raise TransportClosed(f"the connection to {where} is gone") from None
@@ -269,9 +265,13 @@ class _Conn:
         self.label = label
         self.connected = False
         self.gone = False
-        #: Held by each send attempt (at most SEND_STEP) and by close: never closed under a send.
+        #: Held by each use of the socket (a send attempt: at most SEND_STEP) and by the one
+        #: that closes it: never closed under a send.
         self.lock = threading.Lock()
+        #: No use from now on (set at once by close()).
         self.closed = False
+        #: The nng socket itself is closed (by close(), or by the use that held the lock then).
+        self.sock_closed = False
         self.session: Any = None
         self.paused = False
         #: nng's id of the one connection this socket serves (its first).
@@ -299,20 +299,28 @@ class _Conn:
     def recv_fd(self) -> int | None:
         """The descriptor readable while a message waits (None once the socket is closed)."""
         try:
-            with self.lock:
+            try:
+                with self.lock:
+                    if self.closed:
+                        raise pynng.Closed(-1, "closed")
+                    return int(self.sock.recv_fd)
+            finally:
                 if self.closed:
-                    raise pynng.Closed(-1, "closed")
-                return int(self.sock.recv_fd)
+                    self.close_socket()
         except pynng.NNGException:
             self.gone = True
             return None
 
     def recv_now(self) -> bytes | None:
         try:
-            with self.lock:
+            try:
+                with self.lock:
+                    if self.closed:
+                        raise pynng.Closed(-1, "closed")
+                    return bytes(self.sock.recv(block=False))
+            finally:
                 if self.closed:
-                    raise pynng.Closed(-1, "closed")
-                return bytes(self.sock.recv(block=False))
+                    self.close_socket()
         except pynng.TryAgain:
             return None
         except pynng.Closed:
@@ -320,15 +328,27 @@ class _Conn:
             return None
 
     def close(self) -> None:
+        """Closed for every use from now on. The socket itself closes now, or, while a send
+        waits in nng (up to SEND_STEP, for a peer that may have left), when that send
+        returns: close() never waits for a peer."""
         self.gone = True
-        with self.lock:
-            if self.closed:
-                return
-            self.closed = True
-            try:
-                self.sock.close()
-            except Exception:
-                pass
+        self.closed = True
+        self.close_socket()
+
+    def close_socket(self) -> None:
+        """Close the nng socket unless a thread is using it (that thread calls this again
+        when it lets go: each user of the lock checks ``closed`` after releasing it)."""
+        if self.sock_closed or not self.lock.acquire(blocking=False):
+            return
+        try:
+            if not self.sock_closed:
+                self.sock_closed = True
+                try:
+                    self.sock.close()
+                except Exception:
+                    pass
+        finally:
+            self.lock.release()
 
 
 class _Acceptor:
