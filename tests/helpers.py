@@ -211,6 +211,14 @@ def pipe_send_sleep_send(conn: Any, first: Any, seconds: float, second: Any) -> 
     conn.send(second)
 
 
+def pipe_hello_sleep_bye(conn: Any, i: int, seconds: float) -> None:
+    """Send ``("hello", i, when)`` (``when`` on the machine's monotonic clock), stay silent
+    for ``seconds`` (connected), then send ``("bye", i)``."""
+    conn.send(("hello", i, time.monotonic()))
+    time.sleep(seconds)
+    conn.send(("bye", i))
+
+
 def pipe_lane_behaviour(conn: Any) -> None:
     """A child's end (its lane): poll and recv timeouts, a burst of sends, then EOF."""
     t0 = time.monotonic()
