@@ -20,8 +20,10 @@ the other end, whose ``recv`` then raises EOFError.
 from __future__ import annotations
 
 import atexit
+import functools
 import os
 import pickle
+import queue
 import threading
 import time
 import weakref
@@ -54,13 +56,22 @@ class Connection:
         self._readable = readable
         self._writable = writable
         self._closed = False
+        self._dropped = False  # collected unclosed: closed by the let-go thread
+        #: One of the two ends Pipe() made (a copy rebuilt in the creator is not): its close
+        #: counts for the pipe's home.
+        self._home_share = False
         self._wrote_here = False  # the creating process sent through this end
         self._lock = threading.Lock()
         self._pid = os.getpid()
         self._inbox = Inbox()
-        self._network = NetworkPath(pipe_id, address, creator_pid, side, self._inbox, self._twin_writes_here)
+        # Nothing the end's threads or sockets keep refers back to the end (only weakly), so an
+        # end dropped without close() is collected and let go (__del__), as multiprocessing's is.
+        self._network = NetworkPath(pipe_id, address, creator_pid, side, self._inbox,
+                                    functools.partial(_twin_writes_here, pipe_id, creator_pid, side))
         self._watcher: Watcher | None = None  # receives for this end once fileno() was used
         _open.add(self)
+        if _let_go_pid != self._pid:
+            _start_letting_go(self._pid)
 
     # -- which path ---------------------------------------------------------------------
     def _forked(self) -> None:
@@ -86,18 +97,11 @@ class Connection:
         local = memory.local_peer(self)
         return local[0] if local is not None else None
 
-    def _twin_writes_here(self) -> bool:
-        """The other end is open in this (the creating) process and wrote through it. An
-        end the creator never wrote through counts as handed off: its copy elsewhere decides."""
-        home = home_of(self._pipe_id, self._creator_pid)
-        twin = home.end(1 - self._side) if home is not None else None
-        return twin is not None and not twin._closed and twin._writable and twin._wrote_here
-
     def _start_sending(self) -> Sender:
         self._connect()
         at_process_end(_flush_all)
-        ref = weakref.ref(self)
-        return self._network.start_sender(lambda: _peer_gone(ref))
+        ref, inbox = weakref.ref(self), self._inbox
+        return self._network.start_sender(lambda: _peer_gone(ref, inbox))
 
     def _send(self, op: int, parts: list[Any]) -> None:
         line = self._network.line
@@ -274,8 +278,10 @@ class Connection:
             if made:
                 self._network.line = None  # a thread receives for this end from now on
             if made and self._readable:
+                ref = weakref.ref(self)
                 self._watcher = Watcher(f"fiber-pipe-{self._pipe_id[:8]}-watch", self._inbox, self._network,
-                                        self._connect, lambda: self._closed, self._local_home)
+                                        lambda: _end(ref)._connect(), lambda: _gone(ref),
+                                        lambda: _local_home_of(ref))
         return fd
 
     @property
@@ -294,25 +300,48 @@ class Connection:
         """Flush what was sent, tell the other end, and release the socket."""
         self._close(10.0)
 
-    def _close(self, flush_timeout: float) -> None:
+    def __del__(self) -> None:
+        """An end dropped without close() lets go of its socket, thread and the pipe's
+        listener, as multiprocessing's Connection closes its handle; what it sent still
+        leaves first. Handed to this process's let-go thread: a collection may run on any
+        thread, holding any of the locks closing takes (SimpleQueue.put is safe there)."""
+        try:
+            if not self._closed and self._pid == os.getpid():
+                self._dropped = True
+                _dropped.put(self)
+        except Exception:  # interpreter shutdown, a half-made end: nothing left to let go
+            pass
+
+    def _close(self, flush_timeout: float | None) -> None:
+        """Close this end; ``flush_timeout`` None: without waiting (an end being collected)."""
         if self._closed:
             return
-        self._network.line = None
+        network = self._network
+        network.line = None
         if self._pid != os.getpid():
             self._forked()
         local = memory.local_peer(self)
-        self._network.say_close(flush_timeout, self._writable)
+        network.say_close(flush_timeout, self._writable)
         self._closed = True
         if local is not None:
             memory.wake_reader(local)
+        watcher = self._watcher
+        if flush_timeout is None and watcher is not None and watcher.thread is not threading.current_thread():
+            # Collected: its receiving thread stops before the socket closes (a read on a
+            # closed socket's number may reach the file that reused it). It looks within its step.
+            if network.channel is not None:
+                network.channel.wake()
+            watcher.thread.join(2.0)
         self._inbox.close()
-        self._network.release()
-        home = home_of(self._pipe_id, self._creator_pid)
-        if home is not None:
-            if not self._pickled:  # no copy elsewhere can still write: the reader sees EOF
-                home.side_closed(self._side)
-            home.channel.wake()  # a reader of the home (the other end, this one's watcher) looks
-            home.release()
+        home = home_of(self._pipe_id, self._creator_pid) if self._home_share else None
+        # no copy elsewhere can still write: the reader sees EOF
+        let_go = functools.partial(_let_go, network, home, None if self._pickled else self._side)
+        sender = network.sender
+        if flush_timeout is None and sender is not None:
+            _finishing.add(sender)
+            sender.finish(functools.partial(_finished, sender, let_go))
+        else:
+            let_go()
 
     def _check_closed(self) -> None:
         if self._closed:
@@ -350,9 +379,95 @@ def _drop_lines_in_child() -> None:
 os.register_at_fork(after_in_child=_drop_lines_in_child)
 
 
-def _peer_gone(ref: weakref.ref[Connection]) -> bool:
+def _twin_writes_here(pipe_id: str, creator_pid: int, side: int) -> bool:
+    """The other end of end ``side`` is open in this (the creating) process and wrote through
+    it. An end the creator never wrote through counts as handed off: its copy elsewhere decides."""
+    home = home_of(pipe_id, creator_pid)
+    twin = home.end(1 - side) if home is not None else None
+    return twin is not None and not twin._closed and twin._writable and twin._wrote_here
+
+
+def _end(ref: weakref.ref[Connection]) -> Connection:
     conn = ref()
-    return conn is None or conn._inbox.eof or conn._closed
+    if conn is None:
+        raise OSError("handle is closed")
+    return conn
+
+
+def _local_home_of(ref: weakref.ref[Connection]) -> PipeHome | None:
+    conn = ref()
+    return conn._local_home() if conn is not None else None
+
+
+def _gone(ref: weakref.ref[Connection]) -> bool:
+    conn = ref()
+    return conn is None or conn._closed
+
+
+#: Ends collected unclosed, for the let-go thread (resurrected until it closed them).
+_dropped: queue.SimpleQueue[Connection] = queue.SimpleQueue()
+#: The process whose let-go thread runs (a forked child starts its own with its first end).
+_let_go_pid = 0
+_let_go_start = threading.Lock()
+
+
+def _start_letting_go(pid: int) -> None:
+    global _let_go_pid
+    with _let_go_start:
+        if _let_go_pid != pid:
+            _let_go_pid = pid
+            threading.Thread(target=_letting_go, name="fiber-let-go", daemon=True).start()
+
+
+def _letting_go() -> None:
+    """Close the ends dropped unclosed, without waiting for what they still send."""
+    while True:
+        conn = _dropped.get()
+        try:
+            conn._close(None)
+        except Exception:
+            pass
+        del conn
+
+
+#: Senders of ends collected unclosed that still send what was queued (exit waits for them).
+_finishing: set[Sender] = set()
+
+
+def _finished(sender: Sender, let_go: Any) -> None:
+    _finishing.discard(sender)
+    let_go()
+
+
+def _let_go_afresh_in_child() -> None:
+    """A forked child lets go of its own ends only: the parent's queue of dropped ends, its
+    finishing senders (their threads are not here) and its start lock are not the child's."""
+    global _dropped, _finishing, _let_go_start
+    _dropped = queue.SimpleQueue()
+    _finishing = set()
+    _let_go_start = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_let_go_afresh_in_child)
+
+
+def _let_go(network: NetworkPath, home: PipeHome | None, closed_side: int | None) -> None:
+    """The end's last steps once what it sent left: its dialled socket, its part of the home."""
+    network.release()
+    if home is not None:
+        if closed_side is not None:
+            home.side_closed(closed_side)
+        home.channel.wake()  # a reader of the home (the other end, this one's watcher) looks
+        home.release()
+
+
+def _peer_gone(ref: weakref.ref[Connection], inbox: Inbox) -> bool:
+    """Whether a send that waits may give up: the other process left, or this end was
+    closed (its flush ran out of time). An end dropped unclosed still sends all it queued."""
+    if inbox.eof:
+        return True
+    conn = ref()
+    return conn is not None and conn._closed and not conn._dropped
 
 
 def _rebuild(pipe_id: str, address: str, creator_pid: int, readable: bool, writable: bool,
@@ -372,6 +487,8 @@ def Pipe(duplex: bool = True) -> tuple[Connection, Connection]:
         ends = (Connection(home.id, home.address, pid, writable=False, side=0),
                 Connection(home.id, home.address, pid, readable=False, side=1))
     home.ends = [weakref.ref(ends[0]), weakref.ref(ends[1])]
+    for end in ends:
+        end._home_share = True
     return ends
 
 
@@ -430,3 +547,5 @@ def _flush_all() -> None:
                 conn._close(max(0.0, deadline - time.monotonic()))
             except Exception:
                 pass
+    for sender in list(_finishing):  # ends collected unclosed: what they sent leaves too
+        sender.flush(max(0.0, deadline - time.monotonic()))

@@ -244,3 +244,18 @@ def pipe_line_echo(conn: Any) -> None:
         if item is None:
             return
         conn.send(conn._network.line is not None if item == "line?" else item)
+
+
+def pipe_count_to_eof(conn: Any, results: Any, delay: float = 0.0) -> None:
+    """After ``delay`` seconds, count what arrives until the end of the pipe, then put the
+    count in ``results``."""
+    import time
+
+    time.sleep(delay)
+    n = 0
+    try:
+        while True:
+            conn.recv()
+            n += 1
+    except EOFError:
+        results.put(n)

@@ -14,6 +14,7 @@ from tests.helpers import (
     array_roundtrip,
     pipe_bytes_echo,
     pipe_collect,
+    pipe_count_to_eof,
     pipe_lane_behaviour,
     pipe_line_echo,
     pipe_send_all,
@@ -338,3 +339,56 @@ def test_a_killed_childs_end_reads_eof_while_the_creator_waits(how):
         assert a.poll(20)
     assert time.monotonic() - started < 5
     child.join(10)
+
+
+def test_an_end_dropped_without_close_lets_go_and_what_it_sent_still_arrives():
+    """Programs that forget close(): as multiprocessing's, a dropped end is collected. Its
+    sending thread and socket go (and the pipe's listener with the pipe's last end), a burst
+    sent just before still arrives in full, and the reader then sees the end of the pipe."""
+    import gc
+    import threading
+
+    from fibercore.pipes.home import homes
+
+    results = mp.Queue()
+    made = []
+    for delay, item, count in ((0.0, 0, 2000), (0.0, 0, 2000), (1.5, bytes(64 << 10), 200)):
+        a, b = mp.Pipe()
+        made.append(a._pipe_id)
+        p = mp.Process(target=pipe_count_to_eof, args=(b, results, delay))
+        p.start()
+        del b  # a copy went to the child; this one is dropped unclosed
+        for _ in range(count):
+            a.send(item)  # a burst: queued in the end's sender (the last round: past the socket's buffers)
+        del a  # dropped unclosed while its sender still has the burst to send
+        assert results.get(timeout=60) == count
+        p.join(30)
+        assert p.exitcode == 0
+    gc.collect()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and (
+            any(t.name.startswith("fiber-pipe") for t in threading.enumerate()) or set(made) & set(homes)):
+        time.sleep(0.05)
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("fiber-pipe")]
+    assert not set(made) & set(homes), "a pipe's listener outlived both its ends"
+
+
+def test_copies_of_an_end_made_in_the_creator_do_not_close_the_pipe():
+    """An end rebuilt in its creator (pickled and loaded there, as a queue or a library may do)
+    is a third object on the pipe: closing or dropping it leaves the pipe as it was."""
+    import gc
+    import pickle
+
+    a, b = mp.Pipe()
+    for word in ("one", "two", "three"):
+        copy = pickle.loads(pickle.dumps(b))
+        copy.send(word)
+        assert a.recv() == word
+        copy.close() if word != "two" else None
+        del copy  # "two": dropped unclosed
+        gc.collect()
+    assert not a.poll(0.2), "the other end was counted closed"
+    b.send("original")
+    assert a.recv() == "original"
+    a.close()
+    b.close()

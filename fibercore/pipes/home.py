@@ -19,6 +19,7 @@ class PipeEnd(Protocol):
     _creator_pid: int
     _side: int
     _closed: bool
+    _pickled: bool
     _writable: bool
     _wrote_here: bool
     _inbox: Inbox

@@ -23,11 +23,14 @@ class Ready:
         os.set_blocking(self.r, False)
         os.set_blocking(self._w, False)
         self._set = False
+        self._closed = False
         self._lock = threading.Lock()
 
     def set(self) -> None:
         with self._lock:
-            if not self._set:
+            # Never after close: the number may be another file's by then (a thread that
+            # files for an end closed meanwhile would write into someone else's socket).
+            if not self._set and not self._closed:
                 try:
                     os.write(self._w, b"!")
                     self._set = True
@@ -36,7 +39,7 @@ class Ready:
 
     def clear(self) -> None:
         with self._lock:
-            if self._set:
+            if self._set and not self._closed:
                 try:
                     os.read(self.r, 64)
                 except OSError:
@@ -45,6 +48,9 @@ class Ready:
 
     def close(self) -> None:
         with self._lock:
+            if self._closed:
+                return
+            self._closed = True
             for fd in (self.r, self._w):
                 try:
                     os.close(fd)

@@ -211,14 +211,16 @@ class NetworkPath:
         return None
 
     # -- closing ---------------------------------------------------------------------------
-    def say_close(self, flush_timeout: float, writable: bool) -> None:
-        """Flush what was sent and tell the other end (never waiting on a peer that is gone)."""
+    def say_close(self, flush_timeout: float | None, writable: bool) -> None:
+        """Flush what was sent and tell the other end (never waiting on a peer that is gone);
+        ``flush_timeout`` None: queue the word and return (the caller finishes the sender)."""
         if self.sender is not None:
             try:
                 self.sender.put((CLOSE, []))
             except TransportClosed:
                 pass
-            self.sender.close(flush=True, timeout=flush_timeout)
+            if flush_timeout is not None:
+                self.sender.close(flush=True, timeout=flush_timeout)
         elif self.channel is not None and writable:
             try:  # never wait: the other end may be gone (a pair's send would block)
                 self.channel.send([(CLOSE, [])], block=False)

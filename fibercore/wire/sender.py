@@ -54,6 +54,7 @@ class Sender:
         self.last_put = 0.0
         self._thread: threading.Thread | None = None
         self._waiting = 0  # callers blocked in put (back-pressure) or flush
+        self._then: Callable[[], None] | None = None  # what finish() leaves to the sending thread
 
     def _wait(self, timeout: float | None = None) -> None:
         """Wait on the condition as a caller (not the sending thread): counted, so that an
@@ -115,23 +116,9 @@ class Sender:
     def _run(self) -> None:
         while True:
             with self._cv:
-                while (not self.queue or self.busy) and not self._closed:
-                    self._cv.wait()
-                if not self.queue:
-                    return
-                # Busy before the queue empties: a line that looks at ``queue`` and then at
-                # ``busy`` without the lock (:class:`fibercore.pipes.line.Line`) never finds both
-                # clear while a batch is on its way.
-                self.busy = True
-                batch: list[Message] = []
-                size = 0
-                while self.queue and (not batch or size + self.queue[0][1] <= self._max_frame):
-                    message, n = self.queue.popleft()
-                    batch.append(message)
-                    size += n
-                self._bytes -= size
-                if self._waiting:  # a put blocked by back-pressure may go on
-                    self._cv.notify_all()
+                batch = self._take_batch()
+            if batch is None:
+                break
             try:
                 self._send(batch)
             except BaseException as exc:  # closed endpoint: drop the rest, fail later puts
@@ -139,12 +126,40 @@ class Sender:
                     self._error = exc
                     self.queue.clear()
                     self.busy = False
+                    self._closed = self._closed or self._then is not None
                     self._cv.notify_all()
-                return
+                break
             with self._cv:
                 self.busy = False
                 if self._waiting:
                     self._cv.notify_all()
+        then, self._then = self._then, None
+        if then is not None:  # finish(): everything was sent (or the connection failed)
+            then()
+
+    def _take_batch(self) -> list[Message] | None:
+        """The next frame's messages, waiting for them (cv held); None once the thread ends:
+        closed with nothing queued, or :meth:`finish` called and everything sent."""
+        while not self.queue or self.busy:
+            if not self.queue and (self._closed or self._then is not None):
+                self._closed = True
+                self._cv.notify_all()
+                return None
+            self._cv.wait()
+        # Busy before the queue empties: a line that looks at ``queue`` and then at ``busy``
+        # without the lock (:class:`fibercore.pipes.line.Line`) never finds both clear while a
+        # batch is on its way.
+        self.busy = True
+        batch: list[Message] = []
+        size = 0
+        while self.queue and (not batch or size + self.queue[0][1] <= self._max_frame):
+            message, n = self.queue.popleft()
+            batch.append(message)
+            size += n
+        self._bytes -= size
+        if self._waiting:  # a put blocked by back-pressure may go on
+            self._cv.notify_all()
+        return batch
 
     def _send(self, batch: list[Message]) -> None:
         """Send one batch; a send that times out is tried again until the peer is known gone."""
@@ -166,6 +181,21 @@ class Sender:
                     return False
                 self._wait(remaining)
         return True
+
+    def finish(self, then: Callable[[], None]) -> None:
+        """Send what is queued, then close and call ``then`` (on the sending thread), never
+        waiting here: an end dropped without close() is let go from whatever thread dropped it.
+        ``then`` runs at once when nothing is queued or the sender failed."""
+        with self._cv:
+            now = self._thread is None or self._closed or self._error is not None or not (self.queue or self.busy)
+            if now:
+                self._closed = True
+                self.queue.clear()
+            else:
+                self._then = then
+            self._cv.notify_all()
+        if now:
+            then()
 
     def close(self, flush: bool = True, timeout: float | None = 10.0) -> None:
         if flush:
