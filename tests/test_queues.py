@@ -284,10 +284,10 @@ class _RawReader:
 
         self.channel.send([(op, [u64(w) for w in words])])
 
-    def get(self, want=4096):
+    def get(self, want=4096, standing=False):
         from fibercore.queues.protocol import GET
 
-        self.send(GET, want, self.consumed, 0)
+        self.send(GET, want, self.consumed, 0, *([1] if standing else []))
 
     def messages(self, timeout):
         """What arrives within ``timeout`` seconds: (op, item) pairs."""
@@ -339,6 +339,88 @@ def test_a_reader_left_waiting_gets_what_a_prefetching_reader_was_lent():
     finally:
         for r in (a, b, c):
             r.channel.close()
+
+
+def _until(condition, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "not within the time"
+        time.sleep(0.01)
+
+
+def test_a_sole_readers_standing_get_takes_each_item_as_it_is_put_until_another_reader_comes():
+    """A blocking get's GET stands while its reader is the queue's only one: each item put
+    goes to it at once, with no GET per item, and ACK tells what it consumed. A second reader
+    ends it: the standing GET's last answer carries DONE, and the next item is the newcomer's."""
+    from fibercore.queues.broker import brokers
+    from fibercore.queues.protocol import ACK, DONE, ITEM, RECALL
+
+    q = mp.Queue()
+    a, b = _RawReader(q), None
+    try:
+        a.get(standing=True)
+        assert a.messages(0.3) == []
+        for i in range(3):
+            q.put(i)
+            assert a.messages(10) == [(ITEM, i)]
+        assert q.qsize() == 3  # lent, not acknowledged
+        a.send(ACK, 3)
+        _until(lambda: q.qsize() == 0)
+        b = _RawReader(q)
+        b.get()
+        _until(lambda: len(brokers[q._qid].readers) == 2)
+        q.put("x")
+        assert a.messages(10) == [(ITEM, "x"), (DONE, None)]
+        q.put("y")
+        assert b.messages(10) == [(ITEM, "y")]
+        # Nothing more for a, but a RECALL of "x" (b waited with nothing lent), as for any GET.
+        assert a.messages(0.3) in ([], [(RECALL, None)])
+    finally:
+        for r in (a, b):
+            if r is not None:
+                r.channel.close()
+
+
+def test_a_standing_get_ends_when_its_reader_does_not_keep_up():
+    """A reader that acknowledges nothing is lent at most STANDING_CREDIT items through its
+    standing GET, in order, then DONE; the rest stay in the queue for whoever asks."""
+    from fibercore.queues.protocol import DONE, ITEM, STANDING_CREDIT
+
+    q = mp.Queue()
+    a = _RawReader(q)
+    try:
+        a.get(standing=True)
+        assert a.messages(0.3) == []
+        total = STANDING_CREDIT + 5
+        for i in range(total):
+            q.put(i)
+        got = []
+        while (more := a.messages(2.0)):
+            got += more
+        assert got[-1] == (DONE, None) and got.count((DONE, None)) == 1, got
+        assert got[:-1] == [(ITEM, i) for i in range(len(got) - 1)]
+        assert 1 <= len(got) - 1 <= STANDING_CREDIT
+        assert q.qsize() == total  # what was lent, and what is still queued
+        assert q.get(timeout=10) == len(got) - 1  # the first item nobody was lent
+    finally:
+        a.channel.close()
+
+
+def test_items_sent_to_a_reader_that_stopped_reading_reach_the_creators_get():
+    """Items that went to a reader through its standing GET while it no longer reads (it
+    took one and went on with other work) are recalled for a getter that waits."""
+    q, out = mp.Queue(), mp.Queue()
+    p = mp.Process(target=get_one_then_sleep, args=(q, out))
+    p.start()
+    try:
+        q.put("first")
+        assert out.get(timeout=30) == "got one"
+        for i in range(5):
+            q.put(i)
+        assert sorted(q.get(timeout=10) for _ in range(5)) == list(range(5))
+    finally:
+        p.kill()
+        p.join(30)
 
 
 def test_readers_that_take_one_item_each_all_get_one():

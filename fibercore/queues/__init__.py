@@ -19,7 +19,11 @@ Exactly once, with batching:
      RECALLs leased but unconsumed items, and the holder RETURNs them (they go back to
      the front); nothing more is lent to a reader until it answered its RECALL, and the
      RETURN withdraws its GET (it asks again if it still wants items);
-  5. a reader whose connection drops has its unacknowledged items put back.
+  5. a reader whose connection drops has its unacknowledged items put back;
+  6. a blocking ``get``'s GET *stands* while its process is the queue's only reader and
+     keeps up: each item put then goes to it at once (no GET per item), and it
+     acknowledges with ACK every few items; the broker ends it (DONE) when another reader
+     comes, items are left over, or too many lent items are unacknowledged.
 The creator's own ``put``/``get`` touch the broker directly (no network).
 ``qsize()`` counts queued and leased items, so it is exact when readers are idle.
 A queue lives as long as the process that created it.

@@ -23,8 +23,10 @@ from typing import Any
 
 from fibercore.errors import TransportClosed, TransportTimeout
 from fibercore.queues.protocol import (
+    ACK,
     CANCEL,
     CANCELLED,
+    DONE,
     EMPTY,
     GET,
     GRANT_BYTES,
@@ -40,6 +42,7 @@ from fibercore.queues.protocol import (
     RETURN,
     SIZE,
     SIZEIS,
+    STANDING_CREDIT,
     TASKDONE,
     Empty,
     Full,
@@ -79,7 +82,8 @@ class Broker:
         self.items: deque[list[Any]] = deque()
         self.unfinished = 0
         self.readers: dict[Hashable, Reader] = {}
-        self.waiting: deque[tuple[Hashable, int, bool]] = deque()
+        #: GETs not answered yet: (peer, want, nowait, standing), first come first served.
+        self.waiting: deque[tuple[Hashable, int, bool, bool]] = deque()
         self.local_getters = 0
         self.pending_puts: deque[tuple[Hashable, bytes, list[Any]]] = deque()
         self.join_waiters: list[tuple[Hashable, bytes]] = []
@@ -161,8 +165,8 @@ class Broker:
         starved, and recalling for it alone would undo every prefetch of a reader keeping up."""
         if self.items:
             return
-        for peer, _, _ in self.waiting:
-            reader = self.readers.get(peer)
+        for entry in self.waiting:
+            reader = self.readers.get(entry[0])
             if reader is not None and not reader.leased:
                 self._recall(None)
                 return
@@ -442,7 +446,12 @@ class Broker:
             if reader is None:
                 reader = self.readers[peer] = Reader()
             self._ack(reader, read_u64(parts[1]))
-            self.waiting.append((peer, read_u64(parts[0]), read_u64(parts[2]) == 1))
+            standing = len(parts) > 3 and read_u64(parts[3]) == 1
+            self.waiting.append((peer, read_u64(parts[0]), read_u64(parts[2]) == 1, standing))
+        elif op == ACK:
+            reader = self.readers.get(peer)
+            if reader is not None:
+                self._ack(reader, read_u64(parts[0]))
         elif op == RETURN:
             reader = self.readers.get(peer)
             if reader is not None:
@@ -527,9 +536,10 @@ class Broker:
         RECALLs when a reader is left waiting with nothing (all of it in one list, in order)."""
         sends = self.outbox
         self.outbox = []
-        recalled: list[tuple[Hashable, int, bool]] = []
+        recalled: list[tuple[Hashable, int, bool, bool]] = []
+        standing: list[tuple[Hashable, int, bool, bool]] = []
         while self.waiting and (self.items or self.waiting[0][2]):
-            entry = peer, want, nowait = self.waiting.popleft()
+            entry = peer, want, nowait, stands = self.waiting.popleft()
             reader = self.readers.get(peer)
             if reader is None:
                 continue
@@ -550,8 +560,15 @@ class Broker:
                 batch.append(self.items.popleft())
                 size += item_bytes(batch[-1])
             reader.leased.extend(batch)
-            sends.append((peer, [(ITEM, parts) for parts in batch]))
+            messages: list[tuple[int, list[Any]]] = [(ITEM, parts) for parts in batch]
+            if stands:
+                if self._stands(peer, reader):
+                    standing.append(entry)  # the next item goes to it as soon as it is put
+                else:
+                    messages.append((DONE, []))
+            sends.append((peer, messages))
         self.waiting.extendleft(reversed(recalled))
+        self.waiting.extend(standing)
         self._admit_puts()
         self._recall_for_starved()
         sends += self.outbox
@@ -560,6 +577,12 @@ class Broker:
 
     def _nowait_pending(self) -> bool:
         return any(w[2] for w in self.waiting)
+
+    def _stands(self, peer: Hashable, reader: Reader) -> bool:
+        """Whether a standing GET just answered stays open (cv held): its reader is the only
+        one, took everything there was, and has not too much lent unacknowledged."""
+        return (not self.items and not self.local_getters and len(self.readers) == 1
+                and len(reader.leased) < STANDING_CREDIT and peer in self.readers)
 
 
 #: Seconds without a thread waiting on a queue client before its background thread reads

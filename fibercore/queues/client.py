@@ -15,8 +15,11 @@ from typing import Any
 from fibercore.errors import TransportClosed, TransportTimeout
 from fibercore.lifetime import PerProcess, at_process_end
 from fibercore.queues.protocol import (
+    ACK,
+    ACK_EVERY,
     CANCEL,
     CANCELLED,
+    DONE,
     EMPTY,
     GET,
     ITEM,
@@ -64,7 +67,9 @@ class Client:
         self.quiet = threading.Condition(lock)
         self.buffer: deque[list[Any]] = deque()
         self.consumed = 0
-        self.outstanding = False
+        self.outstanding = False  # a GET is out, not answered yet
+        self.standing = False  # ... and it is a standing one (items come until DONE)
+        self.acked = 0  # ``consumed`` as the broker last heard it
         self.empty_reply = False
         self.replies: dict[bytes, list[Any]] = {}
         self.req = itertools.count(1)
@@ -89,9 +94,11 @@ class Client:
         for op, parts in messages:
             if op == ITEM:
                 self.buffer.append(parts)
-                self.outstanding = False
+                self.outstanding = self.standing
+            elif op == DONE:  # the standing GET's last answer
+                self.outstanding = self.standing = False
             elif op == EMPTY:
-                self.outstanding = False
+                self.outstanding = self.standing = False
                 self.empty_reply = True
             elif op == RECALL:
                 n = len(self.buffer)
@@ -99,8 +106,9 @@ class Client:
                 self.owe_ack = False
                 # The RETURN also withdraws a GET still out (the broker lends nothing to a
                 # reader it recalled): a getter that waits asks again, behind the others.
-                self.outstanding = False
+                self.outstanding = self.standing = False
                 self.sender.put((RETURN, [u64(self.consumed), u64(n)]))
+                self.acked = self.consumed
             elif op in (PUTACK, SIZEIS, JOINED, CANCELLED):
                 self.replies[bytes(parts[0])] = [op, *parts[1:]]
 
@@ -161,9 +169,12 @@ class Client:
                 if quiet < QUIET:
                     self.quiet.wait(QUIET - quiet)
                     continue
-                if self.owe_ack and not self.outstanding:
+                if self.owe_ack and self.standing:
+                    self._ack()
+                elif self.owe_ack and not self.outstanding:
                     self.owe_ack = False
                     self.sender.put((RETURN, [u64(self.consumed), u64(0)]))
+                    self.acked = self.consumed
                 self._receive_once(None)  # until the broker says something, or the end
 
     def request(self, op: int, extra: list[Any], timeout: float | None,
@@ -176,6 +187,20 @@ class Client:
                 return None
             return self.replies.pop(req)
 
+    def _ask(self, nowait: bool) -> None:
+        """Send a GET (cv held); a blocking one stands: the broker sends items as they come
+        until it answers DONE (see :mod:`fibercore.queues.protocol`). It carries the ack."""
+        self.sender.put((GET, [u64(MAX_GRANT), u64(self.consumed), u64(nowait), u64(not nowait)]))
+        self.outstanding, self.standing = True, not nowait
+        self.acked = self.consumed
+        self.owe_ack = False
+
+    def _ack(self) -> None:
+        """Tell the broker what was consumed (cv held; a standing GET's reader)."""
+        self.sender.put((ACK, [u64(self.consumed)]))
+        self.acked = self.consumed
+        self.owe_ack = False
+
     def get(self, block: bool, timeout: float | None) -> list[Any]:
         deadline = None if timeout is None else time.monotonic() + timeout
         with self.cv:
@@ -184,19 +209,32 @@ class Client:
                 raise Empty  # a blocking request is already out; nothing has arrived
             while not self.buffer:
                 if not self.outstanding:
-                    self.sender.put((GET, [u64(MAX_GRANT), u64(self.consumed), u64(not block)]))
-                    self.outstanding = True
-                    self.owe_ack = False  # the request carries it
+                    self._ask(nowait=not block)
                 if not block and self.empty_reply:
                     raise Empty
                 if deadline is not None and time.monotonic() >= deadline:
                     raise Empty
+                if self.standing and self.consumed > self.acked:
+                    # The next item usually comes soon (a loop of gets): acknowledge what was
+                    # consumed only if it does not come within QUIET seconds, so that the
+                    # queue's creator sees the queue empty once this process took everything.
+                    quiet = time.monotonic() + QUIET
+                    self._wait(lambda: bool(self.buffer) or not self.outstanding,
+                               quiet if deadline is None else min(quiet, deadline))
+                    if not self.buffer and self.standing and self.consumed > self.acked:
+                        self._ack()
+                    continue
                 self._wait(lambda: bool(self.buffer) or not self.outstanding or self.empty_reply,
                            deadline if block or deadline is not None else time.monotonic() + 5.0)
             parts = self.buffer.popleft()
             self.consumed += 1
             self.gets += 1
-            if not self.buffer and not self.outstanding:
+            if self.standing:
+                if self.consumed - self.acked >= ACK_EVERY:
+                    self._ack()
+                else:
+                    self.owe_ack = True  # the background thread tells it after QUIET seconds
+            elif not self.buffer and not self.outstanding:
                 # The last item lent to this process is taken: the broker learns it with the
                 # next request, or from the background thread within QUIET seconds, so that
                 # the queue's creator sees it empty, as multiprocessing's would be once
@@ -207,9 +245,7 @@ class Client:
                 # the broker (slow when its process is busy: a GIL switch per reply)
                 # overlaps with consuming what is here (items stay leased, so a waiting
                 # reader elsewhere still gets its share through RECALL).
-                self.sender.put((GET, [u64(MAX_GRANT), u64(self.consumed), u64(0)]))
-                self.outstanding = True
-                self.owe_ack = False
+                self._ask(nowait=False)
             return parts
 
     def put(self, parts: list[Any], bounded: bool, block: bool, timeout: float | None) -> None:
@@ -253,6 +289,7 @@ class Client:
         with self.cv:
             n = len(self.buffer)
             self.buffer.clear()
+            self.outstanding = self.standing = False  # the RETURN withdraws a GET
             if n or self.consumed:
                 try:
                     self.sender.put((RETURN, [u64(self.consumed), u64(n)]))

@@ -8,7 +8,8 @@ the pool's and the managers' protocols. Requests that expect a reply start with 
     PUT item                                  ITEM item (a leased item, one per message)
     PUTSYNC req item (bounded queue)          PUTACK req (admitted)
     CANCEL req original_req                   CANCELLED req taken_back (0/1)
-    GET want consumed nowait                  EMPTY (a nowait GET found nothing)
+    GET want consumed nowait standing         EMPTY (a nowait GET found nothing)
+    ACK consumed                              DONE (a standing GET is answered: ask again)
     RETURN consumed n (give n leased back)    RECALL (give back what you have not consumed)
     SIZE req consumed                         SIZEIS req size
     TASKDONE n
@@ -17,6 +18,14 @@ the pool's and the managers' protocols. Requests that expect a reply start with 
 ``consumed`` is how many lent items the client has taken so far: it acknowledges them.
 A RETURN also withdraws the client's GET, if one is out: nothing is lent between a RECALL
 and its RETURN, and a client counts its GET answered once it returned.
+
+A *standing* GET (a blocking ``get``'s) stays open across items while its reader is the
+queue's only one and keeps up: each item put is then sent to it at once, with no GET per
+item, and the reader acknowledges what it consumed with an ACK every :data:`ACK_EVERY`
+items (or after ``QUIET`` seconds without an item). The broker answers it for the last time,
+with DONE after the items, once anything else is due: another reader (or a getter in the
+creator), items left over after a grant, or :data:`STANDING_CREDIT` items lent and not
+acknowledged.
 """
 
 from __future__ import annotations
@@ -28,7 +37,7 @@ from typing import Any
 from fibercore.wire.frames import nbytes
 
 (PUT, PUTSYNC, PUTACK, CANCEL, CANCELLED, GET, ITEM, EMPTY, RECALL, RETURN, SIZE, SIZEIS,
- TASKDONE, JOIN, JOINED) = range(1, 16)
+ TASKDONE, JOIN, JOINED, ACK, DONE) = range(1, 18)
 
 #: Most items, and bytes (at least one item), a reader is lent per request. A grant is one
 #: frame: 1 MiB ones measured 1.5-1.9x the rate of 4 MiB ones for 10-1,000 KB items (a frame
@@ -36,6 +45,10 @@ from fibercore.wire.frames import nbytes
 #: buffer costs a page fault per page).
 MAX_GRANT = 4096
 GRANT_BYTES = 1 << 20
+#: Items a standing GET may hold lent and unacknowledged before the broker ends it.
+STANDING_CREDIT = 10
+#: A reader with a standing GET acknowledges after consuming this many items.
+ACK_EVERY = 8
 Empty = _stdlib_queue.Empty
 Full = _stdlib_queue.Full
 
