@@ -211,6 +211,14 @@ def pipe_send_sleep_send(conn: Any, first: Any, seconds: float, second: Any) -> 
     conn.send(second)
 
 
+def eventually(predicate: Any, timeout: float = 10.0) -> None:
+    """Wait until ``predicate()`` is true; fail the test after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"not true within {timeout} s"
+        time.sleep(0.01)
+
+
 def pipe_hello_sleep_bye(conn: Any, i: int, seconds: float) -> None:
     """Send ``("hello", i, when)`` (``when`` on the machine's monotonic clock), stay silent
     for ``seconds`` (connected), then send ``("bye", i)``."""

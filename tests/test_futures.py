@@ -14,6 +14,7 @@ import fibercore as mp
 from fibercore.managers import AsyncManager
 from tests import futures_tasks as T
 from tests import manager_tasks as MT
+from tests.helpers import eventually
 
 
 class EnvManager(AsyncManager):
@@ -37,13 +38,6 @@ def sleepers():
     with mp.Pool(3) as p:
         p.starmap(T.sleep_then, [(i, 0.1) for i in range(6)], chunksize=1)
         yield p
-
-
-def wait_until(predicate, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
 
 
 # -- wait and as_completed -----------------------------------------------------------------
@@ -128,7 +122,7 @@ def test_a_cancelled_queued_task_never_runs(tmp_path):
 def test_cancelling_a_running_task_replaces_its_worker_and_the_pool_keeps_serving(pool, tmp_path):
     marker = tmp_path / "running"
     running = pool.apply_async(T.mark_then_sleep, (str(marker), 60))
-    wait_until(marker.exists)
+    eventually(marker.exists)
     victim = int(marker.read_text())
     replaced = pool.stats["replaced_workers"]
     started = time.monotonic()
@@ -137,7 +131,7 @@ def test_cancelling_a_running_task_replaces_its_worker_and_the_pool_keeps_servin
         running.get(5)
     assert time.monotonic() - started < 2
     assert pool.map(T.square, range(20)) == [x * x for x in range(20)]
-    wait_until(lambda: pool._core.ready_count() == 2 and victim not in [w.pid for w in pool.workers()], 30)
+    eventually(lambda: pool._core.ready_count() == 2 and victim not in [w.pid for w in pool.workers()], 30)
     assert pool.stats["replaced_workers"] == replaced  # a cancel is not a worker's failure
 
 
@@ -180,7 +174,7 @@ def test_executor_cancels_running_futures_and_reruns_a_dead_workers_task(tmp_pat
     with mp.Executor(2, max_task_retries=1) as ex:
         marker = tmp_path / "running"
         running = ex.submit(T.mark_then_sleep, str(marker), 60)
-        wait_until(marker.exists)
+        eventually(marker.exists)
         calls = []
         running.add_done_callback(calls.append)
         assert running.cancel() and running.cancelled() and calls == [running]
@@ -198,7 +192,7 @@ def test_shutdown_cancel_futures_cancels_only_queued_ones(tmp_path):
     ex = mp.Executor(1)
     marker = tmp_path / "first"
     first = ex.submit(T.mark_then_sleep, str(marker), 1.0)
-    wait_until(marker.exists)
+    eventually(marker.exists)
     queued = [ex.submit(T.mark_then_sleep, str(tmp_path / f"q{i}"), 0) for i in range(6)]
     ex.shutdown(wait=True, cancel_futures=True)
     assert first.result() > 0 and not first.cancelled()

@@ -20,6 +20,7 @@ import fibercore as mp
 from fibercore.paramserver.rules import ParamState, mean, sgd
 from fibercore.sync.states import ERROR, PARKED, RETURN, Waiter
 from tests import ps_tasks as T
+from tests.helpers import eventually
 
 
 def run_processes(ps, target, argsets, timeout=120):
@@ -29,13 +30,6 @@ def run_processes(ps, target, argsets, timeout=120):
     for p in procs:
         p.join(timeout)
     assert [p.exitcode for p in procs] == [0] * len(procs)
-
-
-def eventually(predicate, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "not within the timeout"
-        time.sleep(0.02)
 
 
 # -- BSP ---------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import fibercore as mp
-from tests.helpers import drain, get_one_then_sleep, joinable_worker, put_items
+from tests.helpers import drain, eventually, get_one_then_sleep, joinable_worker, put_items
 
 
 def test_local_put_get_fifo():
@@ -341,13 +341,6 @@ def test_a_reader_left_waiting_gets_what_a_prefetching_reader_was_lent():
             r.channel.close()
 
 
-def _until(condition, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "not within the time"
-        time.sleep(0.01)
-
-
 def test_a_sole_readers_standing_get_takes_each_item_as_it_is_put_until_another_reader_comes():
     """A blocking get's GET stands while its reader is the queue's only one: each item put
     goes to it at once, with no GET per item, and ACK tells what it consumed. A second reader
@@ -365,10 +358,10 @@ def test_a_sole_readers_standing_get_takes_each_item_as_it_is_put_until_another_
             assert a.messages(10) == [(ITEM, i)]
         assert q.qsize() == 3  # lent, not acknowledged
         a.send(ACK, 3)
-        _until(lambda: q.qsize() == 0)
+        eventually(lambda: q.qsize() == 0)
         b = _RawReader(q)
         b.get()
-        _until(lambda: len(brokers[q._qid].readers) == 2)
+        eventually(lambda: len(brokers[q._qid].readers) == 2)
         q.put("x")
         assert a.messages(10) == [(ITEM, "x"), (DONE, None)]
         q.put("y")
