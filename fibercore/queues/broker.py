@@ -52,6 +52,7 @@ from fibercore.queues.protocol import (
 )
 from fibercore.runtime import get_runtime
 from fibercore.wire import malformed
+from fibercore.wire.sender import BURST_GAP
 
 #: The brokers of the queues this process created, by queue id.
 brokers: dict[str, Broker] = {}
@@ -88,6 +89,7 @@ class Broker:
         self.pending_puts: deque[tuple[Hashable, bytes, list[Any]]] = deque()
         self.join_waiters: list[tuple[Hashable, bytes]] = []
         self.outbox: list[tuple[Hashable, list[Any]]] = []
+        self.last_put = 0.0  # perf_counter() of the last local put (a burst: BURST_GAP)
         # Bytes of items held here (queued or leased to a reader that has not acknowledged
         # them); above the budget, remote writers are paused and local puts block.
         self.held = 0
@@ -231,11 +233,16 @@ class Broker:
                     raise Full
                 self.cv.wait(remaining)
             self._append(parts)
+            now = time.perf_counter()
+            burst, self.last_put = now - self.last_put < BURST_GAP, now
             sends: list[tuple[Hashable, list[Any]]] = []
             if self.waiting or self.local_getters:  # wake only who waits for an item
                 # A remote reader waits: answer it from this thread (as the receive thread
-                # does), not through a hand-off to the dispatch thread.
-                sends = self._sends_for_this_thread() if self.waiting else []
+                # does), not through a hand-off to the dispatch thread. Within a burst of
+                # puts, a standing GET is served by the dispatch thread instead, many
+                # items to a frame (this thread would send a frame per put).
+                if self.waiting and not (burst and self.waiting[0][3]):
+                    sends = self._sends_for_this_thread()
                 self._changed()
         if sends:
             self._send_replies(sends, block=False)
@@ -562,7 +569,7 @@ class Broker:
             reader.leased.extend(batch)
             messages: list[tuple[int, list[Any]]] = [(ITEM, parts) for parts in batch]
             if stands:
-                if self._stands(peer, reader):
+                if not self.items and self._sole() and len(reader.leased) < STANDING_CREDIT:
                     standing.append(entry)  # the next item goes to it as soon as it is put
                 else:
                     messages.append((DONE, []))
@@ -578,11 +585,9 @@ class Broker:
     def _nowait_pending(self) -> bool:
         return any(w[2] for w in self.waiting)
 
-    def _stands(self, peer: Hashable, reader: Reader) -> bool:
-        """Whether a standing GET just answered stays open (cv held): its reader is the only
-        one, took everything there was, and has not too much lent unacknowledged."""
-        return (not self.items and not self.local_getters and len(self.readers) == 1
-                and len(reader.leased) < STANDING_CREDIT and peer in self.readers)
+    def _sole(self) -> bool:
+        """Whether one process reads the queue (and no getter in this one)."""
+        return not self.local_getters and len(self.readers) == 1
 
 
 #: Seconds without a thread waiting on a queue client before its background thread reads
