@@ -89,7 +89,11 @@ class Broker:
         self.pending_puts: deque[tuple[Hashable, bytes, list[Any]]] = deque()
         self.join_waiters: list[tuple[Hashable, bytes]] = []
         self.outbox: list[tuple[Hashable, list[Any]]] = []
-        self.last_put = 0.0  # perf_counter() of the last local put (a burst: BURST_GAP)
+        self.last_put = 0.0  # perf_counter() of the last local put
+        # The last local put came within BURST_GAP of the one before: a standing GET is then
+        # answered for the last time (DONE), so that a stream of puts reaches its reader in
+        # grants of many items per frame, not a frame per put.
+        self.burst = False
         # Bytes of items held here (queued or leased to a reader that has not acknowledged
         # them); above the budget, remote writers are paused and local puts block.
         self.held = 0
@@ -234,15 +238,12 @@ class Broker:
                 self.cv.wait(remaining)
             self._append(parts)
             now = time.perf_counter()
-            burst, self.last_put = now - self.last_put < BURST_GAP, now
+            self.burst, self.last_put = now - self.last_put < BURST_GAP, now
             sends: list[tuple[Hashable, list[Any]]] = []
             if self.waiting or self.local_getters:  # wake only who waits for an item
                 # A remote reader waits: answer it from this thread (as the receive thread
-                # does), not through a hand-off to the dispatch thread. Within a burst of
-                # puts, a standing GET is served by the dispatch thread instead, many
-                # items to a frame (this thread would send a frame per put).
-                if self.waiting and not (burst and self.waiting[0][3]):
-                    sends = self._sends_for_this_thread()
+                # does), not through a hand-off to the dispatch thread.
+                sends = self._sends_for_this_thread() if self.waiting else []
                 self._changed()
         if sends:
             self._send_replies(sends, block=False)
@@ -569,7 +570,7 @@ class Broker:
             reader.leased.extend(batch)
             messages: list[tuple[int, list[Any]]] = [(ITEM, parts) for parts in batch]
             if stands:
-                if not self.items and self._sole() and len(reader.leased) < STANDING_CREDIT:
+                if not self.items and not self.burst and self._sole() and len(reader.leased) < STANDING_CREDIT:
                     standing.append(entry)  # the next item goes to it as soon as it is put
                 else:
                     messages.append((DONE, []))

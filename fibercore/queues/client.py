@@ -69,6 +69,7 @@ class Client:
         self.consumed = 0
         self.outstanding = False  # a GET is out, not answered yet
         self.standing = False  # ... and it is a standing one (items come until DONE)
+        self.stood = False  # ... that the broker answered and kept open: items come as put
         self.acked = 0  # ``consumed`` as the broker last heard it
         self.empty_reply = False
         self.replies: dict[bytes, list[Any]] = {}
@@ -91,14 +92,15 @@ class Client:
         granted = sum(1 for op, _ in messages if op == ITEM)
         if granted:
             self.last_grant = granted
+            self.stood = self.standing  # a DONE below ends it
         for op, parts in messages:
             if op == ITEM:
                 self.buffer.append(parts)
                 self.outstanding = self.standing
             elif op == DONE:  # the standing GET's last answer
-                self.outstanding = self.standing = False
+                self.outstanding = self.standing = self.stood = False
             elif op == EMPTY:
-                self.outstanding = self.standing = False
+                self.outstanding = self.standing = self.stood = False
                 self.empty_reply = True
             elif op == RECALL:
                 n = len(self.buffer)
@@ -106,7 +108,7 @@ class Client:
                 self.owe_ack = False
                 # The RETURN also withdraws a GET still out (the broker lends nothing to a
                 # reader it recalled): a getter that waits asks again, behind the others.
-                self.outstanding = self.standing = False
+                self.outstanding = self.standing = self.stood = False
                 self.sender.put((RETURN, [u64(self.consumed), u64(n)]))
                 self.acked = self.consumed
             elif op in (PUTACK, SIZEIS, JOINED, CANCELLED):
@@ -169,7 +171,7 @@ class Client:
                 if quiet < QUIET:
                     self.quiet.wait(QUIET - quiet)
                     continue
-                if self.owe_ack and self.standing:
+                if self.owe_ack and self.stood:
                     self._ack()
                 elif self.owe_ack and not self.outstanding:
                     self.owe_ack = False
@@ -191,7 +193,7 @@ class Client:
         """Send a GET (cv held); a blocking one stands: the broker sends items as they come
         until it answers DONE (see :mod:`fibercore.queues.protocol`). It carries the ack."""
         self.sender.put((GET, [u64(MAX_GRANT), u64(self.consumed), u64(nowait), u64(not nowait)]))
-        self.outstanding, self.standing = True, not nowait
+        self.outstanding, self.standing, self.stood = True, not nowait, False
         self.acked = self.consumed
         self.owe_ack = False
 
@@ -214,14 +216,14 @@ class Client:
                     raise Empty
                 if deadline is not None and time.monotonic() >= deadline:
                     raise Empty
-                if self.standing and self.consumed > self.acked:
+                if self.stood and self.consumed > self.acked:
                     # The next item usually comes soon (a loop of gets): acknowledge what was
                     # consumed only if it does not come within QUIET seconds, so that the
                     # queue's creator sees the queue empty once this process took everything.
                     quiet = time.monotonic() + QUIET
                     self._wait(lambda: bool(self.buffer) or not self.outstanding,
                                quiet if deadline is None else min(quiet, deadline))
-                    if not self.buffer and self.standing and self.consumed > self.acked:
+                    if not self.buffer and self.stood and self.consumed > self.acked:
                         self._ack()
                     continue
                 self._wait(lambda: bool(self.buffer) or not self.outstanding or self.empty_reply,
@@ -229,7 +231,9 @@ class Client:
             parts = self.buffer.popleft()
             self.consumed += 1
             self.gets += 1
-            if self.standing:
+            if self.stood:
+                # The broker keeps lending as items come, up to its credit: tell it what was
+                # consumed every ACK_EVERY items (or, idle, after QUIET seconds).
                 if self.consumed - self.acked >= ACK_EVERY:
                     self._ack()
                 else:
@@ -289,7 +293,7 @@ class Client:
         with self.cv:
             n = len(self.buffer)
             self.buffer.clear()
-            self.outstanding = self.standing = False  # the RETURN withdraws a GET
+            self.outstanding = self.standing = self.stood = False  # the RETURN withdraws a GET
             if n or self.consumed:
                 try:
                     self.sender.put((RETURN, [u64(self.consumed), u64(n)]))
