@@ -46,9 +46,9 @@ from fibercore.wire.frames import nbytes
 MAX_GRANT = 4096
 GRANT_BYTES = 1 << 20
 #: Items a standing GET may hold lent and unacknowledged before the broker ends it.
-STANDING_CREDIT = 64
+STANDING_CREDIT = 32
 #: A reader with a standing GET acknowledges after consuming this many items.
-ACK_EVERY = 32
+ACK_EVERY = 8
 Empty = _stdlib_queue.Empty
 Full = _stdlib_queue.Full
 
