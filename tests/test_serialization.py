@@ -88,6 +88,41 @@ def test_frames_round_trip_batches_of_one_part_messages_and_a_message_of_many_pa
     assert op == 7 and [bytes(p) for p in parts] == many
 
 
+_part = st.one_of(
+    st.binary(max_size=40),  # a small pickle: joined with its neighbours into one payload part
+    st.sampled_from([8192, 20000]).map(lambda n: b"b" * n),  # at or over the joining limit: sent as it is
+    st.binary(min_size=1, max_size=10).map(lambda b: memoryview(b * 4).cast("I")),  # words: nbytes != len
+    st.binary(max_size=40).map(bytearray),
+)
+
+
+@settings(deadline=None)
+@given(st.lists(st.lists(_part, max_size=2), max_size=30), st.booleans())
+def test_frames_of_many_messages_round_trip_whatever_parts_they_carry(messages, stream):
+    """A frame of many messages joins small pickles into one payload part; messages of no
+    part (a queue's DONE), of several, of buffers that are not bytes, and big pickles keep
+    their sizes and order, with either sealer."""
+    from fibercore.wire.frames import StreamOpener, StreamSealer
+
+    msgs = [(i % 250 + 1, parts) for i, parts in enumerate(messages)]
+    sealer, opener = (StreamSealer(KEY), StreamOpener(KEY)) if stream else (Sealer(KEY), Opener(KEY))
+    out = opener.open(b"".join(bytes(p) for p in sealer.seal(msgs)))
+    assert [(op, [bytes(p) for p in parts]) for op, parts in out] == [
+        (op, [bytes(p) for p in parts]) for op, parts in msgs]
+
+
+def test_a_grant_of_small_pickles_is_written_as_one_payload_part():
+    """A queue's grant of 500 items and its DONE: the stream sealer gives tag, words and one
+    joined payload (a part per item cost the writer a few calls of Python each)."""
+    from fibercore.wire.frames import StreamOpener, StreamSealer
+
+    msgs = [(3, [b"%d" % i * 10]) for i in range(500)] + [(17, [])]
+    frame = StreamSealer(KEY).seal(msgs)
+    assert len(frame) == 3
+    out = StreamOpener(KEY).open(b"".join(bytes(p) for p in frame))
+    assert [(op, [bytes(p) for p in parts]) for op, parts in out] == msgs
+
+
 @given(st.lists(st.integers(0, 20), min_size=1, max_size=6), st.integers(-3, 3).filter(bool), st.booleans())
 def test_an_authentic_header_that_does_not_match_its_payload_is_refused(sizes, off, batch):
     """What a peer holding the key could still send wrong: sizes that do not add up to the

@@ -60,9 +60,10 @@ class Queue:
 
     # -- the multiprocessing API ------------------------------------------------------------------
     def put(self, obj: Any, block: bool = True, timeout: float | None = None) -> None:
-        self._check_closed()
-        try:
-            parts = self._dumps(obj)
+        if self._closed:
+            self._check_closed()
+        try:  # Queue._dumps, inlined: every put's path
+            parts = dumps_or_explain(get_runtime().serializer, obj, "an object through a Queue")
         except SerializationError:
             # As multiprocessing's feeder thread: the object is dropped, the error printed,
             # and the queue keeps working (put() itself does not raise there).
@@ -70,7 +71,7 @@ class Queue:
 
             traceback.print_exc()
             return
-        broker = self._local()
+        broker = brokers.get(self._qid) if current_pid() == self._creator else None  # _local()
         if broker is not None:
             broker.put_local(parts, block, timeout)
             return
@@ -80,10 +81,11 @@ class Queue:
         self.put(obj, False)
 
     def get(self, block: bool = True, timeout: float | None = None) -> Any:
-        self._check_closed()
+        if self._closed:
+            self._check_closed()
         if timeout is not None and timeout < 0:
             raise ValueError("'timeout' must be a non-negative number")
-        broker = self._local()
+        broker = brokers.get(self._qid) if current_pid() == self._creator else None  # _local()
         if broker is not None:
             parts = broker.get_local(block, timeout)
         else:

@@ -13,6 +13,7 @@ budget) are in :mod:`fibercore.queues`.
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import threading
@@ -53,6 +54,8 @@ from fibercore.queues.protocol import (
 from fibercore.runtime import get_runtime
 from fibercore.wire import malformed
 from fibercore.wire.sender import BURST_GAP
+
+_clock = time.perf_counter
 
 #: The brokers of the queues this process created, by queue id.
 brokers: dict[str, Broker] = {}
@@ -134,14 +137,19 @@ class Broker:
 
     def _append(self, parts: list[Any]) -> None:
         self.items.append(parts)
-        self.held += item_bytes(parts)
+        if len(parts) == 1:  # item_bytes, inlined: every put's path
+            part = parts[0]
+            self.held += part.nbytes if type(part) is memoryview else len(part)
+        else:
+            self.held += item_bytes(parts)
         self.unfinished += 1
         if self._ready is not None:
             self._sync_ready()
 
-    def _released(self, parts: list[Any]) -> None:
-        """An item left this process for good: below half the budget, paused writers resume."""
-        self.held -= item_bytes(parts)
+    def _released(self, size: int) -> None:
+        """Items of ``size`` bytes left this process for good: below half the budget, paused
+        writers resume."""
+        self.held -= size
         if self.paused and self.held <= self.budget // 2:
             for peer in self.paused:
                 self.channel.resume(peer)
@@ -149,8 +157,13 @@ class Broker:
 
     def _ack(self, reader: Reader, consumed_total: int) -> None:
         # Bounded by what is leased: a peer's count is a u64 it chose (2**64-1 must not loop).
-        for _ in range(max(0, min(consumed_total - reader.acked, len(reader.leased)))):
-            self._released(reader.leased.popleft())
+        count = max(0, min(consumed_total - reader.acked, len(reader.leased)))
+        if count:
+            popleft = reader.leased.popleft
+            gone = [popleft() for _ in range(count)]
+            parts = list(itertools.chain.from_iterable(gone))
+            # Pickles (bytes) are counted in C; anything else (buffers) through item_bytes.
+            self._released(sum(map(len, parts)) if set(map(type, parts)) == {bytes} else sum(map(item_bytes, gone)))
         reader.acked = max(reader.acked, consumed_total)
 
     def _admit_puts(self) -> None:
@@ -227,17 +240,19 @@ class Broker:
 
     # -- local operations (the creating process) --------------------------------------------
     def put_local(self, parts: list[Any], block: bool, timeout: float | None) -> None:
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = None
         with self.cv:
-            while not self._room() or self.held >= self.budget:
+            while self.held >= self.budget or (self.maxsize > 0 and not self._room()):
                 if not block:
                     raise Full
+                if deadline is None and timeout is not None:
+                    deadline = time.monotonic() + timeout
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     raise Full
                 self.cv.wait(remaining)
             self._append(parts)
-            now = time.perf_counter()
+            now = _clock()
             self.burst, self.last_put = now - self.last_put < BURST_GAP, now
             sends: list[tuple[Hashable, list[Any]]] = []
             if self.waiting or self.local_getters:  # wake only who waits for an item
@@ -273,7 +288,7 @@ class Broker:
                 finally:
                     self.local_getters -= 1
             parts = self.items.popleft()
-            self._released(parts)
+            self._released(item_bytes(parts))
             self._admit_puts()
             self._changed()
             return parts
@@ -560,13 +575,18 @@ class Broker:
             if not self.items:
                 sends.append((peer, [(EMPTY, [])]))
                 continue
-            batch: list[list[Any]] = []
-            size = 0
-            for _ in range(self._grant(want)):
-                if batch and size >= GRANT_BYTES:
-                    break
-                batch.append(self.items.popleft())
-                size += item_bytes(batch[-1])
+            grant = self._grant(want)
+            popleft = self.items.popleft
+            if self.held <= GRANT_BYTES:  # what is queued (and lent) is less than a grant's bytes
+                batch = [popleft() for _ in range(grant)]
+            else:
+                batch = []
+                size = 0
+                for _ in range(grant):
+                    if batch and size >= GRANT_BYTES:
+                        break
+                    batch.append(popleft())
+                    size += item_bytes(batch[-1])
             reader.leased.extend(batch)
             messages: list[tuple[int, list[Any]]] = [(ITEM, parts) for parts in batch]
             if stands:
