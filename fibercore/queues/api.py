@@ -42,9 +42,6 @@ class Queue:
         return (_rebuild, (type(self), self._qid, self._address, self._creator, self._maxsize,
                            credentials_for_child()))
 
-    def _dumps(self, obj: Any) -> list[Any]:
-        return dumps_or_explain(get_runtime().serializer, obj, "an object through a Queue")
-
     @property
     def _reader(self) -> _ReadyReader:
         """multiprocessing's ``Queue._reader`` as ``concurrent.futures`` uses it: waitable with
@@ -62,7 +59,7 @@ class Queue:
     def put(self, obj: Any, block: bool = True, timeout: float | None = None) -> None:
         if self._closed:
             self._check_closed()
-        try:  # Queue._dumps, inlined: every put's path
+        try:
             parts = dumps_or_explain(get_runtime().serializer, obj, "an object through a Queue")
         except SerializationError:
             # As multiprocessing's feeder thread: the object is dropped, the error printed,
@@ -71,7 +68,7 @@ class Queue:
 
             traceback.print_exc()
             return
-        broker = brokers.get(self._qid) if current_pid() == self._creator else None  # _local()
+        broker = brokers.get(self._qid) if current_pid() == self._creator else None  # _local(), inlined
         if broker is not None:
             broker.put_local(parts, block, timeout)
             return
@@ -85,7 +82,7 @@ class Queue:
             self._check_closed()
         if timeout is not None and timeout < 0:
             raise ValueError("'timeout' must be a non-negative number")
-        broker = brokers.get(self._qid) if current_pid() == self._creator else None  # _local()
+        broker = brokers.get(self._qid) if current_pid() == self._creator else None  # _local(), inlined
         if broker is not None:
             parts = broker.get_local(block, timeout)
         else:

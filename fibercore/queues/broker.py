@@ -13,7 +13,6 @@ budget) are in :mod:`fibercore.queues`.
 
 from __future__ import annotations
 
-import itertools
 import math
 import os
 import threading
@@ -48,6 +47,7 @@ from fibercore.queues.protocol import (
     Empty,
     Full,
     item_bytes,
+    items_bytes,
     read_u64,
     u64,
 )
@@ -137,11 +137,7 @@ class Broker:
 
     def _append(self, parts: list[Any]) -> None:
         self.items.append(parts)
-        if len(parts) == 1:  # item_bytes, inlined: every put's path
-            part = parts[0]
-            self.held += part.nbytes if type(part) is memoryview else len(part)
-        else:
-            self.held += item_bytes(parts)
+        self.held += item_bytes(parts)
         self.unfinished += 1
         if self._ready is not None:
             self._sync_ready()
@@ -160,10 +156,7 @@ class Broker:
         count = max(0, min(consumed_total - reader.acked, len(reader.leased)))
         if count:
             popleft = reader.leased.popleft
-            gone = [popleft() for _ in range(count)]
-            parts = list(itertools.chain.from_iterable(gone))
-            # Pickles (bytes) are counted in C; anything else (buffers) through item_bytes.
-            self._released(sum(map(len, parts)) if set(map(type, parts)) == {bytes} else sum(map(item_bytes, gone)))
+            self._released(items_bytes([popleft() for _ in range(count)]))
         reader.acked = max(reader.acked, consumed_total)
 
     def _admit_puts(self) -> None:
@@ -240,13 +233,11 @@ class Broker:
 
     # -- local operations (the creating process) --------------------------------------------
     def put_local(self, parts: list[Any], block: bool, timeout: float | None) -> None:
-        deadline = None
+        deadline = None if timeout is None else time.monotonic() + timeout
         with self.cv:
             while self.held >= self.budget or (self.maxsize > 0 and not self._room()):
                 if not block:
                     raise Full
-                if deadline is None and timeout is not None:
-                    deadline = time.monotonic() + timeout
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     raise Full

@@ -157,17 +157,14 @@ class Sealer:
         sizes = list(map(len, body))
         if max(sizes) >= _JOIN_MAX:
             return None
-        words = array("Q", [self._counter, 0, len(messages)])
         carrying = len(body)
-        if min(counts[:carrying]) == 1:  # the messages that carry nothing come last (a DONE)
-            ops = [op for op, _ in messages]
-            words.extend(itertools.chain.from_iterable(zip(ops, itertools.repeat(1), sizes)))
-            for op in ops[carrying:]:
-                words.extend((op, 0))
-        else:
-            size_of = iter(sizes)
-            for (op, _), count in zip(messages, counts, strict=True):
-                words.extend((op, 1, next(size_of)) if count else (op, 0))
+        if min(counts[:carrying]) == 0:  # a message of none before one of a pickle: the loop's case
+            return None
+        ops = [op for op, _ in messages]
+        words = array("Q", [self._counter, 0, len(messages)])
+        words.extend(itertools.chain.from_iterable(zip(ops, itertools.repeat(1), sizes)))
+        for op in ops[carrying:]:  # those that carry nothing come last (a queue's DONE)
+            words.extend((op, 0))
         words[1] = len(words)
         return _words(words), [b"".join(body)], sum(sizes)
 
