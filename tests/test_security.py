@@ -1168,3 +1168,165 @@ def test_os_system_under_fiber_run_inherits_no_secret(tmp_path):
     assert fd.isdigit()  # the master job got its secret this way ...
     assert fd not in (tmp_path / "fds.txt").read_text().split()  # ... and its shell did not
     assert "FIBER_SECRET" not in (tmp_path / "env.txt").read_text()
+
+
+# -- surface: /dev/shm segments (shared objects, Value/Array, boards, copies) --------------------
+
+
+def attack_plant_released_segment(name: str, size: int, evil: bytes) -> dict:
+    """Under a freed segment name: a world-readable file laid out as a segment whose pickle
+    is ``evil`` (the tag is unknown: zeros), as large as the real one was."""
+    import struct as _struct
+
+    head = _struct.pack("<16sQQ", b"\0" * 16, len(evil), 0)
+    fd = os.open(f"/dev/shm/{name}", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    os.fchmod(fd, 0o644)
+    os.write(fd, (head + evil).ljust(size, b"\0"))
+    os.close(fd)
+    return {"planted": name}
+
+
+def test_a_file_planted_under_a_released_shared_objects_name_is_never_served(local_user, tmp_path):
+    """Row "shared object after release()": the creator released its segment and another user
+    planted a pickle under the freed name. A new reader (a replacement worker) refuses the
+    file, asks the creator, and gets "released": the creator never reopens the name."""
+    from tests import sharing_tasks as T
+
+    canary = tmp_path / "canary"
+    table = mp.shared(list(range(2000)))
+    name, size = table._name, table._size
+    table.release()
+    assert not os.path.exists(f"/dev/shm/{name}")
+    local_user.run(attack_plant_released_segment, name, size, pickle.dumps(Exploit(str(canary))))
+    try:
+        assert os.stat(f"/dev/shm/{name}").st_uid == local_user.uid
+        out = mp.Queue()
+        p = mp.Process(target=T.report_value, args=(table, out))
+        p.start()
+        got = out.get(timeout=60)
+        p.join(30)
+        assert got[0] == "error" and got[1] == "ReferenceError" and "released" in got[2], got
+        with pytest.raises(ReferenceError, match="released"):  # the creator itself: no mapping made before
+            _ = table.value
+        assert not canary.exists()
+        # the planted file is the attacker's: not removed by the creator's handle either
+        del table
+        import gc
+
+        gc.collect()
+        assert os.stat(f"/dev/shm/{name}").st_uid == local_user.uid
+        # the program goes on: a new shared object, Process and Queue work at once
+        fresh = mp.shared([1, 2, 3])
+        p = mp.Process(target=T.report_value, args=(fresh, out))
+        p.start()
+        assert out.get(timeout=60) == ("ok", [1, 2, 3])
+        p.join(30)
+    finally:
+        os.unlink(f"/dev/shm/{name}")
+
+
+def test_a_segment_is_opened_by_name_only_through_the_checks(local_user, tmp_path):
+    """Every kind of name a reader opens (a shared object's, a Value's, a board's, a copy's)
+    goes through shm.open_segment: a link, a FIFO, another user's file or a file others can
+    read is refused, before anything is read from it."""
+    from fibercore import shm
+
+    tag = os.urandom(16)
+    secret = tmp_path / "secret"
+    secret.write_bytes(tag + b"\0" * 100)
+    os.chmod(secret, 0o600)
+    names = {kind: f"fcs-1-1-{kind}-{os.urandom(6).hex()}" for kind in ("link", "fifo", "theirs")}
+    local_user.run(attack_plant_kinds, names, str(secret))
+    try:
+        for kind, name in names.items():
+            fd, why = shm.open_segment(name, tag, 16)  # a FIFO would block a reader forever
+            assert fd is None and why not in (None, "missing", "tag"), (kind, why)
+        with pytest.raises(ValueError):
+            shm.segment_path("../etc/passwd")
+    finally:
+        for name in names.values():
+            os.unlink(f"/dev/shm/{name}")
+
+
+def attack_plant_kinds(names: dict, target: str) -> dict:
+    os.symlink(target, f"/dev/shm/{names['link']}")
+    os.mkfifo(f"/dev/shm/{names['fifo']}", 0o600)
+    fd = os.open(f"/dev/shm/{names['theirs']}", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    os.write(fd, b"\0" * 100)
+    os.close(fd)
+    return {}
+
+
+_KILLED_GROUP = textwrap.dedent("""
+    import os, signal
+    import numpy as np
+    import fibercore as mp
+    from fibercore.paramserver.board import Board
+    handle = mp.shared(np.ones(1000))
+    board = Board({"w": np.zeros(100)})
+    value = mp.RawValue("i", 7)
+    print(handle._name, board.name, value._segment, flush=True)
+    os.killpg(0, signal.SIGKILL)  # the master and Python's resource tracker with it
+""")
+
+
+def test_fiber_cleanup_takes_boards_values_and_stale_copies_but_nothing_of_another_user(local_user, tmp_path):
+    """Row "/dev/shm sweep": after SIGKILL of a master's process group, ``fiber cleanup``
+    removes its shared object, its parameter-server board, its Value and copies no process
+    maps; never another user's file, a link, or a copy still in use."""
+    proc = subprocess.run([sys.executable, "-c", _KILLED_GROUP], capture_output=True, text=True,
+                          start_new_session=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    left = proc.stdout.split()
+    assert len(left) == 3 and all(os.path.exists(f"/dev/shm/{n}") for n in left)
+    stale = f"fcs-copy-{os.urandom(16).hex()}"
+    in_use = f"fcs-copy-{os.urandom(16).hex()}"
+    for name in (stale, in_use):
+        fd = os.open(f"/dev/shm/{name}", os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        os.write(fd, b"\0" * 64)
+        os.close(fd)
+    holder = subprocess.Popen([sys.executable, "-c", "import sys; f = open(sys.argv[1], 'rb'); sys.stdin.read()",
+                               f"/dev/shm/{in_use}"], stdin=subprocess.PIPE)
+    victim = tmp_path / "root-file"
+    victim.write_text("keep")
+    theirs = {"dead": "fcs-1-1-o-" + os.urandom(6).hex(), "link": "fcs-1-1-ps-" + os.urandom(6).hex(),
+              "copy": f"fcs-copy-{os.urandom(16).hex()}"}
+    local_user.run(attack_plant_for_sweep, theirs, str(victim))
+    try:
+        _wait_until_open(holder.pid, f"/dev/shm/{in_use}")
+        out = subprocess.run([sys.executable, "-m", "fibercore.cli", "cleanup"], capture_output=True,
+                             text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        for name in [*left, stale]:
+            assert not os.path.exists(f"/dev/shm/{name}"), name
+        assert os.path.exists(f"/dev/shm/{in_use}")
+        for name in theirs.values():
+            assert os.path.lexists(f"/dev/shm/{name}"), name
+        assert victim.read_text() == "keep"
+    finally:
+        holder.communicate(b"", timeout=30)
+        for name in [in_use, *theirs.values()]:
+            try:
+                os.unlink(f"/dev/shm/{name}")
+            except FileNotFoundError:
+                pass
+
+
+def attack_plant_for_sweep(names: dict, target: str) -> dict:
+    for key in ("dead", "copy"):
+        fd = os.open(f"/dev/shm/{names[key]}", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+        os.close(fd)
+    os.symlink(target, f"/dev/shm/{names['link']}")
+    return {}
+
+
+def _wait_until_open(pid: int, path: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if any(os.readlink(f"/proc/{pid}/fd/{fd}") == path for fd in os.listdir(f"/proc/{pid}/fd")):
+                return
+        except OSError:
+            pass
+        time.sleep(0.01)
+    raise AssertionError(f"process {pid} never opened {path}")
