@@ -13,6 +13,7 @@ budget) are in :mod:`fibercore.queues`.
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import threading
@@ -26,6 +27,9 @@ from fibercore.queues.protocol import (
     ACK,
     CANCEL,
     CANCELLED,
+    COUNT,
+    COUNT_WAIT,
+    COUNTED,
     DONE,
     EMPTY,
     GET,
@@ -62,12 +66,14 @@ brokers: dict[str, Broker] = {}
 
 
 class Reader:
-    __slots__ = ("leased", "acked", "recalled")
+    __slots__ = ("leased", "acked", "recalled", "asked", "mute")
 
     def __init__(self) -> None:
         self.leased: deque[list[Any]] = deque()
         self.acked = 0
         self.recalled = False
+        self.asked: bytes | None = None  # the COUNT it has not answered yet
+        self.mute = False  # did not answer a COUNT in time: not asked again until it speaks
 
 
 class Broker:
@@ -117,6 +123,7 @@ class Broker:
         self.getters_read = self.channel.wakeable
         self.resting = threading.Condition(lock)  # the receiving thread, while getters read
         self.rest_untimed = False  # it waits for the reading getter to finish (no timed looks)
+        self._counts = itertools.count(1)  # ids of COUNT requests
         self._ready: tuple[int, int] | None = None  # a pipe readable while items wait (ready_fd)
         self._ready_set = False
         self._receiver: threading.Thread | None = None
@@ -312,7 +319,35 @@ class Broker:
         with self.cv:
             if self._may_read():
                 self._read(0.0)
+            self._count_leases()
             return len(self.items) + self._leased_count()
+
+    def _count_leases(self) -> None:
+        """Ask each reader holding lent items what it has consumed, and wait for the answers
+        (cv held; at most :data:`COUNT_WAIT`): items a reader took before an action this
+        process has seen (an Event it set, a message it sent) are then no longer counted,
+        as with multiprocessing, where the reader's ``get`` took them out of the pipe."""
+        asked = []
+        for peer, reader in self.readers.items():
+            if reader.leased and not reader.mute:
+                reader.asked = req = u64(next(self._counts))
+                self.outbox.append((peer, [(COUNT, [req])]))
+                asked.append(reader)
+        if not asked:
+            return
+        self._changed()  # the dispatch thread sends the COUNTs
+        deadline = time.monotonic() + COUNT_WAIT
+        while any(r.asked is not None for r in asked):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                for reader in asked:
+                    if reader.asked is not None:
+                        reader.asked, reader.mute = None, True
+                return
+            if self._may_read():
+                self._read(remaining)
+            else:
+                self.cv.wait(remaining)
 
     # -- network -----------------------------------------------------------------------------
     def _peer_event(self, peer: Hashable, added: bool) -> None:
@@ -343,6 +378,8 @@ class Broker:
         reader = self.readers.pop(peer, None)
         if reader is not None:
             self.items.extendleft(reversed(reader.leased))
+            reader.leased.clear()
+            reader.asked = None  # a COUNT it will never answer: its items are back here
         self.waiting = deque(w for w in self.waiting if w[0] is not peer)
         self.pending_puts = deque(p for p in self.pending_puts if p[0] is not peer)
         self.join_waiters = [j for j in self.join_waiters if j[0] is not peer]
@@ -460,16 +497,26 @@ class Broker:
             if reader is None:
                 reader = self.readers[peer] = Reader()
             self._ack(reader, read_u64(parts[1]))
+            reader.mute = False
             standing = len(parts) > 3 and read_u64(parts[3]) == 1
             self.waiting.append((peer, read_u64(parts[0]), read_u64(parts[2]) == 1, standing))
         elif op == ACK:
             reader = self.readers.get(peer)
             if reader is not None:
                 self._ack(reader, read_u64(parts[0]))
+                reader.mute = False
+        elif op == COUNTED:
+            reader = self.readers.get(peer)
+            if reader is not None:
+                self._ack(reader, read_u64(parts[1]))
+                reader.mute = False
+                if reader.asked == bytes(parts[0]):
+                    reader.asked = None
         elif op == RETURN:
             reader = self.readers.get(peer)
             if reader is not None:
                 self._ack(reader, read_u64(parts[0]))
+                reader.mute = False
                 n = min(read_u64(parts[1]), len(reader.leased))
                 back = [reader.leased.pop() for _ in range(n)]
                 self.items.extendleft(back)  # popped last-first: extendleft restores order
