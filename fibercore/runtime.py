@@ -325,9 +325,9 @@ def init(**kwargs: Any) -> _config.Config:
             new.session, new.secret, new.is_worker = _runtime.session, _runtime.secret, _runtime.is_worker
         _runtime = new
     if new.config.get("dashboard") and not new.is_worker:
-        from fibercore.observe.recorder import dashboard_if_asked
+        from fibercore import dashboard
 
-        dashboard_if_asked()
+        dashboard.if_asked()
     return new.config
 
 

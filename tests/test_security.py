@@ -1330,3 +1330,504 @@ def _wait_until_open(pid: int, path: str, timeout: float = 60) -> None:
             pass
         time.sleep(0.01)
     raise AssertionError(f"process {pid} never opened {path}")
+
+
+# -- surface: dashboard and status directory --
+# The dashboard's port (connections, headers, Host, path prefix, cookie), the status
+# directory where a master and `fiber top` meet, and what `fiber top` prints. The master is
+# a real program (OBSERVED) under `ulimit -n 1024`; attacks run as the second local user.
+
+OBSERVED = textwrap.dedent('''
+    import json, os, resource, sys, time
+    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
+    import fibercore as mp
+    from fibercore import dashboard
+
+    def usage():
+        fds = len(os.listdir("/proc/self/fd"))
+        for line in open("/proc/self/status"):
+            if line.startswith("VmRSS:"):
+                return fds, int(line.split()[1]) // 1024
+        return fds, 0
+
+    def start_one():
+        """A Process that answers through a Queue: seconds it took, and the answer."""
+        t0 = time.monotonic()
+        q = mp.Queue()
+        p = mp.Process(target=q.put, args=("up",))
+        p.start()
+        got = q.get(timeout=60)
+        p.join(60)
+        return time.monotonic() - t0, got
+
+    if __name__ == "__main__":
+        pool = mp.Pool(1)
+        assert pool.apply(abs, (-7,)) == 7
+        bad = os.environ.get("OBSERVED_BAD_RECORD")
+        if bad:  # a task fails with text read from a file another user wrote
+            try:
+                pool.apply(exec, (f"raise ValueError('bad record: ' + open({bad!r}).read())",))
+            except ValueError:
+                pass
+        print(json.dumps({"url": dashboard.url(), "pid": os.getpid()}), flush=True)
+        for line in sys.stdin:  # the test's commands, one a line
+            if line.strip() == "usage":
+                print(json.dumps(usage()), flush=True)
+            elif line.strip() == "start":
+                print(json.dumps(start_one()), flush=True)
+            else:
+                break
+        pool.close(); pool.join()
+''')
+
+
+class Observed:
+    """OBSERVED running: its first line (dashboard URL, pid), then commands over stdin."""
+
+    def __init__(self, tmp: Path, env: dict[str, str], cwd: Path | None = None) -> None:
+        (tmp / "observed.py").write_text(OBSERVED)
+        self.err_path = tmp / "observed.err"
+        self.err = open(self.err_path, "w")
+        root = str(Path(__file__).resolve().parent.parent)
+        self.env = {**{k: v for k, v in os.environ.items() if not k.startswith(("FIBER_", "XDG_"))},
+                    "PYTHONPATH": root, **env}
+        self.proc = subprocess.Popen([sys.executable, str(tmp / "observed.py")], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self.err, text=True, env=self.env,
+                                     cwd=cwd or tmp)
+        self.first = self._line()
+
+    def _line(self) -> Any:
+        line = self.proc.stdout.readline()
+        if not line:
+            raise AssertionError(f"the program ended: {self.stderr()[-3000:]}")
+        return json.loads(line)
+
+    def ask(self, command: str) -> Any:
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
+        return self._line()
+
+    def stderr(self) -> str:
+        return self.err_path.read_text(errors="replace")
+
+    def finish(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.close()
+                self.proc.wait(60)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait(10)
+        self.err.close()
+
+
+def _dashboard_parts(url: str) -> tuple[int, str, str]:
+    import re
+
+    found = re.fullmatch(r"http://127\.0\.0\.1:(\d+)/([\w-]{12,})/\?token=(\S{20,})", url)
+    assert found, url
+    return int(found.group(1)), found.group(2), found.group(3)
+
+
+def _get(port: int, path: str, headers: dict[str, str] | None = None, timeout: float = 30) -> tuple[int, dict, bytes]:
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request("GET", path, headers=headers or {})
+        res = conn.getresponse()
+        return res.status, {k.lower(): v for k, v in res.getheaders()}, res.read()
+    finally:
+        conn.close()
+
+
+def attack_flood_dashboard(port: int, idle: int, fat: int, seconds: float) -> dict:
+    """Hold ``idle`` connections that never send a byte and ``fat`` requests of 120 headers
+    of 8,000 bytes that never end; reopen each one the server closes (bounded in time and count)."""
+    import resource
+    import select
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, idle + fat + 256), hard))  # its own rlimit
+    body = b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n" + b"".join(b"X-Fat-%d: %s\r\n" % (i, b"f" * 8000)
+                                                               for i in range(120))
+    poller = select.poll()
+    socks: dict[int, list] = {}  # fd -> [socket, kind, bytes sent]
+    count = {"idle": 0, "fat": 0}
+    opened = closed = 0
+    cap = 200_000
+
+    def open_one(kind: str) -> None:
+        nonlocal opened
+        s = socket.socket()
+        s.setblocking(False)
+        s.connect_ex(("127.0.0.1", port))
+        poller.register(s, select.POLLIN | (select.POLLOUT if kind == "fat" else 0))
+        socks[s.fileno()] = [s, kind, 0]
+        count[kind] += 1
+        opened += 1
+
+    def drop(fd: int) -> None:
+        nonlocal closed
+        s, kind, _ = socks.pop(fd)
+        poller.unregister(fd)
+        s.close()
+        count[kind] -= 1
+        closed += 1
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and opened < cap:
+        for kind, want in (("idle", idle), ("fat", fat)):
+            while count[kind] < want and opened < cap:
+                try:
+                    open_one(kind)
+                except OSError:
+                    break
+        for fd, ev in poller.poll(100):
+            entry = socks.get(fd)
+            if entry is None:
+                continue
+            s, kind, sent = entry
+            try:
+                if ev & (select.POLLHUP | select.POLLERR):
+                    drop(fd)
+                elif ev & select.POLLIN:
+                    if not s.recv(65536):
+                        drop(fd)
+                elif ev & select.POLLOUT and kind == "fat":
+                    entry[2] += s.send(body[sent:sent + 65536])
+                    if entry[2] >= len(body):  # all the headers, never the blank line that ends them
+                        poller.modify(fd, select.POLLIN)
+            except OSError:
+                drop(fd)
+    held = len(socks)
+    for fd in list(socks):
+        drop(fd)
+    return {"opened": opened, "closed_by_server": closed - held, "held_at_end": held}
+
+
+@pytest.mark.timeout(300)
+def test_dashboard_under_2000_idle_and_1000_fat_connections_stays_bounded_and_served(local_user, tmp_path):
+    """Row 2: the other user holds 2,000 idle connections and 1,000 never-ending requests of
+    120 x 8,000-byte headers. The master's descriptors and memory stay bounded, its owner's
+    page is served throughout, and a Process and a Queue still start."""
+    import resource  # noqa: F401 - the attacker cannot import from root's Python: it must be loaded here
+    import select  # noqa: F401
+
+    prog = Observed(tmp_path, {"FIBER_DASHBOARD": "1", "FIBER_STATUS_DIR": str(tmp_path / "status")})
+    try:
+        port, prefix, token = _dashboard_parts(prog.first["url"])
+        page = f"/{prefix}/api/state?token={token}"
+        t0 = time.monotonic()
+        assert _get(port, page)[0] == 200
+        quiet_page = time.monotonic() - t0
+        fds0, rss0 = prog.ask("usage")
+        quiet_start = prog.ask("start")[0]
+
+        attack = local_user.spawn(attack_flood_dashboard, port, 2000, 1000, 25.0)
+        peak_fds, peak_rss, pages, starts = fds0, rss0, [], []
+        deadline = time.monotonic() + 22
+        time.sleep(3)  # let the flood build (the attack runs 25 s; this only paces the samples)
+        while time.monotonic() < deadline:
+            t0 = time.monotonic()
+            status, _, _ = _get(port, page)
+            pages.append((status, time.monotonic() - t0))
+            fds, rss = prog.ask("usage")
+            peak_fds, peak_rss = max(peak_fds, fds), max(peak_rss, rss)
+            if len(starts) < 3:
+                took, answer = prog.ask("start")
+                starts.append(took)
+                assert answer == "up"
+        report = local_user.result(attack, timeout=120)
+        t0 = time.monotonic()
+        took, answer = prog.ask("start")  # the next Process and Queue, after the attack
+        after_start = time.monotonic() - t0
+        settle = time.monotonic() + 60  # what the attacker left in the accept queue is closed in seconds
+        while (fds1 := prog.ask("usage")[0]) > fds0 + 20 and time.monotonic() < settle:
+            time.sleep(0.2)
+        rss1 = prog.ask("usage")[1]
+    finally:
+        prog.finish()
+    figures = {"fds_before": fds0, "fds_peak": peak_fds, "fds_after": fds1, "rss_mib_before": rss0,
+               "rss_mib_peak": peak_rss, "rss_mib_after": rss1, "page_quiet_s": round(quiet_page, 3),
+               "page_under_attack_s": sorted(round(t, 3) for _, t in pages), "start_quiet_s": round(quiet_start, 2),
+               "starts_under_attack_s": [round(s, 2) for s in starts], "attack": report}
+    print("dashboard flood:", json.dumps(figures))
+    assert report["opened"] >= 3000, figures  # the attack did hold what it said
+    assert pages and all(status == 200 for status, _ in pages), figures
+    assert max(t for _, t in pages) < 20, figures  # the bug: no descriptor left to accept it at all
+    assert peak_fds < fds0 + 450, figures  # the cap (128) and a few accept batches; it was the whole 1,024
+    assert fds1 <= fds0 + 20, figures  # and given back
+    assert peak_rss < rss0 + 200, figures  # it was 86 -> 1,778 MiB
+    assert answer == "up" and after_start < max(5.0, 10 * quiet_start), figures
+    assert all(s < max(10.0, 20 * quiet_start) for s in starts), figures
+    assert "Traceback" not in prog.stderr(), prog.stderr()[-3000:]
+
+
+def attack_cookie_page(ready: str, seen: str, cookie: str, seconds: float) -> dict:
+    """A page on another 127.0.0.1 port: record the Cookie header of every request the owner's
+    browser makes to it, and plant a cookie of the dashboard's name for every path."""
+    import http.server
+
+    class Page(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            with open(seen, "a") as fh:
+                fh.write(json.dumps({"path": self.path, "cookie": self.headers.get("Cookie")}) + "\n")
+            self.send_response(200)
+            self.send_header("Set-Cookie", f"{cookie}=planted; Path=/")
+            self.send_header("Set-Cookie", "fiber_dashboard=planted; Path=/")
+            self.end_headers()
+            self.wfile.write(b"hello")
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Page)
+    server.timeout = 0.2
+    with open(ready, "w") as fh:
+        fh.write(str(server.server_address[1]))
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and not os.path.exists(ready + ".done"):
+        server.handle_request()
+    server.server_close()
+    return {"served": True}
+
+
+def test_dashboard_cookie_reaches_no_other_port_and_a_planted_one_breaks_nothing(local_user, tmp_path):
+    """Row 7: the owner's cookie jar (a real one: http.cookiejar) opens the dashboard, then a page
+    of the other user on another 127.0.0.1 port. That page receives no token, and the cookie it
+    plants (the dashboard's own name, Path=/) does not stop the owner's page. The token at a
+    path outside the prefix, or with another Host, gets nothing."""
+    import encodings.idna  # noqa: F401 - for the attacker, who cannot import from root's Python
+    import http.cookiejar
+    import http.server
+    import shutil
+    import tempfile
+    import urllib.request
+
+    from fibercore.dashboard.server import Dashboard
+    from fibercore.observe import recorder
+
+    shared = Path(tempfile.mkdtemp(dir="/tmp"))
+    os.chmod(shared, 0o1777)
+    board = Dashboard(recorder.current(), "127.0.0.1", 0)
+    try:
+        port, prefix, token = _dashboard_parts(board.url)
+        ready, seen = str(shared / "port"), str(shared / "seen")
+        page = local_user.spawn(attack_cookie_page, ready, seen, board.cookie, 60.0)
+        deadline = time.monotonic() + 30
+        while not (os.path.exists(ready) and Path(ready).read_text()):
+            if time.monotonic() > deadline:
+                local_user.result(page, timeout=1)  # its error, if it failed
+                raise AssertionError("the other user's page did not start")
+            time.sleep(0.05)
+        other = int(Path(ready).read_text())
+
+        jar = http.cookiejar.CookieJar()
+        browser = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar))
+        with browser.open(board.url, timeout=30) as res:
+            assert res.status == 200
+            set_cookie = res.headers["Set-Cookie"]
+        attrs = [a.strip().lower() for a in set_cookie.split(";")]
+        assert attrs[0] == f"{board.cookie}={token}".lower()
+        assert {"httponly", "samesite=strict", f"path=/{prefix}/".lower()} <= set(attrs), set_cookie
+        with browser.open(f"http://127.0.0.1:{port}/{prefix}/api/state", timeout=30) as res:
+            assert res.status == 200  # the cookie alone
+        for path in ("/", "/api/state", "/static/dashboard.js"):  # the other port (the prefix is secret)
+            with browser.open(f"http://127.0.0.1:{other}{path}", timeout=30) as res:
+                assert res.read() == b"hello"
+        # The jar now holds the planted cookies too: the owner's page still answers.
+        assert sum(c.value == "planted" for c in jar) == 2
+        with browser.open(f"http://127.0.0.1:{port}/{prefix}/api/state", timeout=30) as res:
+            assert res.status == 200 and "snapshot" in json.loads(res.read())
+        Path(ready + ".done").touch()
+        local_user.result(page)
+        requests = [json.loads(line) for line in Path(seen).read_text().splitlines()]
+        assert len(requests) == 3
+        assert not any(token in (r["cookie"] or "") for r in requests), requests
+        assert not any(board.cookie + "=" in (r["cookie"] or "") and "planted" not in r["cookie"]
+                       for r in requests), requests
+
+        # Outside the prefix, or another Host (a DNS-rebinding page): nothing, and no cookie.
+        for path, headers in ((f"/?token={token}", {}), (f"/api/state?token={token}", {}),
+                              (f"/{prefix}/?token={token}", {"Host": f"rebind.example:{port}"}),
+                              (f"/{prefix}/api/state", {"Host": f"rebind.example:{port}", "X-Fiber-Token": token}),
+                              (f"/{prefix}/?token={token}", {"Host": f"127.0.0.1:{other}"})):
+            status, head, body = _get(port, path, headers)
+            assert status in (404, 421) and body == b"" and "set-cookie" not in head, (path, headers, status)
+        assert _get(port, f"/{prefix}/api/state", {"X-Fiber-Token": token})[0] == 200
+        assert _get(port, f"/{prefix}/api/state", {"Host": f"localhost:{port}", "X-Fiber-Token": token})[0] == 200
+    finally:
+        board.close()
+        shutil.rmtree(shared, ignore_errors=True)
+    q = mp.Queue()  # the program goes on
+    p = mp.Process(target=q.put, args=(1,))
+    p.start()
+    assert q.get(timeout=30) == 1
+    p.join(30)
+
+
+SQUATTED_DRIVER = textwrap.dedent('''
+    # In a mount namespace of its own with a fresh /tmp (the machine's /tmp is left alone):
+    # the other user makes /tmp/fibercore-0 first, then root runs a program with the dashboard
+    # and `fiber top --once`, XDG_RUNTIME_DIR and FIBER_STATUS_DIR unset.
+    import json, os, subprocess, sys
+    uid, gid, python, root = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=1777", "tmpfs", "/tmp"], check=True)
+    pid = os.fork()
+    if pid == 0:
+        os.setgroups([]); os.setgid(gid); os.setuid(uid)
+        os.mkdir(f"/tmp/fibercore-{0}", 0o755)
+        os._exit(0)
+    os.waitpid(pid, 0)
+    squat = os.lstat("/tmp/fibercore-0")
+    os.mkdir("/tmp/home", 0o700)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FIBER_", "XDG_"))}
+    env.update(HOME="/tmp/home", PYTHONPATH=root, FIBER_DASHBOARD="1")
+    prog = ("import sys, fibercore as mp\\n"
+            "from fibercore import dashboard\\n"
+            "if __name__ == '__main__':\\n"
+            "    with mp.Pool(1) as pool:\\n"
+            "        print(pool.apply(abs, (-3,)), dashboard.url(), flush=True)\\n"
+            "        sys.stdin.readline()\\n")
+    p = subprocess.Popen([python, "-c", prog], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=env, cwd="/tmp/home")
+    first = p.stdout.readline().split()
+    top = subprocess.run([python, "-m", "fibercore.cli", "top", "--once"], capture_output=True, text=True,
+                         env=env, timeout=120, cwd="/tmp/home")
+    out, err = p.communicate("\\n", timeout=120)
+    after = os.lstat("/tmp/fibercore-0")
+    print(json.dumps({"first": first, "top_rc": top.returncode, "top_out": top.stdout, "top_err": top.stderr,
+                      "program_err": err, "program_rc": p.returncode,
+                      "squat_kept": [after.st_uid, after.st_mode] == [squat.st_uid, squat.st_mode]}))
+''')
+
+
+def test_a_squatted_default_status_directory_keeps_the_dashboard_and_fiber_top(local_user, tmp_path):
+    """Row 8: the other user makes /tmp/fibercore-0 before root's program runs (root's default
+    status directory when XDG_RUNTIME_DIR is unset). The dashboard still starts, `fiber top`
+    still lists the program (both use ~/.cache/fibercore/status-<host>), and the squatted
+    directory is left as it was."""
+    import shutil
+
+    if not shutil.which("unshare"):
+        pytest.skip("needs unshare(1) for a /tmp of the test's own")
+    (tmp_path / "driver.py").write_text(SQUATTED_DRIVER)
+    root = str(Path(__file__).resolve().parent.parent)
+    done = subprocess.run(["unshare", "-m", "--propagation", "private", sys.executable, str(tmp_path / "driver.py"),
+                           str(local_user.uid), str(local_user.gid), sys.executable, root],
+                          capture_output=True, text=True, timeout=240)
+    if done.returncode != 0 and "unshare failed" in done.stderr:
+        pytest.skip(f"no mount namespace here: {done.stderr.strip()}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["program_rc"] == 0, out
+    assert out["first"][0] == "3" and out["first"][1].startswith("http://127.0.0.1:"), out  # not dropped
+    assert out["top_rc"] == 0 and "Traceback" not in out["top_err"], out
+    assert "1 program on this machine" in out["top_out"] and "Pool-1" in out["top_out"], out
+    assert out["squat_kept"], out
+    assert "Traceback" not in out["program_err"], out
+
+
+def attack_check_shared_dir(shared: str) -> dict:
+    """The other user still uses the shared directory (it was not chmodded 0700 under it)."""
+    name = os.path.join(shared, f"mine-{os.getpid()}")
+    with open(name, "w") as fh:
+        fh.write("still mine")
+    os.unlink(name)
+    return {"mode": oct(os.stat(shared).st_mode & 0o7777)}
+
+
+def test_a_shared_status_directory_is_refused_never_chmodded(local_user, tmp_path):
+    """Row 12: FIBER_STATUS_DIR names a sticky directory everyone writes (as /tmp is). It is
+    refused in one WARNING line that names the fix, never chmodded (the other user still
+    writes in it), the dashboard and jobs run, and `fiber top` says one line."""
+    import shutil
+    import tempfile
+
+    shared = tempfile.mkdtemp(dir="/tmp")
+    os.chmod(shared, 0o1777)
+    try:
+        prog = Observed(tmp_path, {"FIBER_DASHBOARD": "1", "FIBER_STATUS_DIR": shared})
+        try:
+            assert prog.first["url"] is not None
+            took, answer = prog.ask("start")
+            assert answer == "up"
+            top = subprocess.run([sys.executable, "-m", "fibercore.cli", "top", "--once"], capture_output=True,
+                                 text=True, env=prog.env, timeout=120)
+        finally:
+            prog.finish()
+        assert stat_mode(shared) == 0o1777
+        assert local_user.run(attack_check_shared_dir, shared) == {"mode": "0o1777"}
+        warnings = [line for line in prog.stderr().splitlines() if "WARNING" in line]
+        assert len(warnings) == 1 and "others can write in it" in warnings[0], prog.stderr()
+        assert "FIBER_STATUS_DIR" in warnings[0] and "mkdir -m 700" in warnings[0], warnings
+        assert "Traceback" not in prog.stderr()
+        assert top.returncode == 2 and len(top.stderr.strip().splitlines()) == 1, top
+        assert "others can write in it" in top.stderr and "FIBER_STATUS_DIR" in top.stderr, top
+        assert os.listdir(shared) == [], os.listdir(shared)  # nothing of the program's written there
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+
+
+def stat_mode(path: str) -> int:
+    return os.stat(path).st_mode & 0o7777
+
+
+def test_a_status_directory_of_another_user_is_refused(local_user, tmp_path):
+    """FIBER_STATUS_DIR owned by the other user (0700, its own): refused with the fix, unchanged."""
+    import tempfile
+
+    from fibercore.observe import status
+
+    theirs = tempfile.mkdtemp(dir="/tmp")
+    os.chown(theirs, local_user.uid, local_user.gid)
+    try:
+        old = os.environ.get("FIBER_STATUS_DIR")
+        os.environ["FIBER_STATUS_DIR"] = theirs
+        try:
+            with pytest.raises(status.StatusDirError, match=f"owned by uid {local_user.uid}: point FIBER_STATUS_DIR"):
+                status.status_dir()
+        finally:
+            if old is None:
+                os.environ.pop("FIBER_STATUS_DIR", None)
+            else:
+                os.environ["FIBER_STATUS_DIR"] = old
+        assert os.stat(theirs).st_uid == local_user.uid and stat_mode(theirs) == 0o700
+    finally:
+        os.rmdir(theirs)
+
+
+def attack_write_record(path: str, text: str) -> dict:
+    with open(path, "w") as fh:
+        fh.write(text)
+    os.chmod(path, 0o644)
+    return {"written": len(text)}
+
+
+def test_fiber_top_shows_a_tasks_terminal_escapes_escaped(local_user, tmp_path):
+    """Row 10: a task fails with text the other user wrote (a record file): an OSC 0 title, an
+    OSC 52 clipboard write, a clear screen, a C1 CSI. `fiber top --once` prints them escaped."""
+    import shutil
+    import tempfile
+
+    shared = tempfile.mkdtemp(dir="/tmp")
+    os.chmod(shared, 0o1777)
+    evil = "\x1b]0;pwned\x07\x1b]52;c;ZXZpbA==\x07\x1b[2J\x1b[H\x9b31m\u202eevil"
+    try:
+        record = os.path.join(shared, "record")
+        local_user.run(attack_write_record, record, evil)
+        status_dir = tmp_path / "status"
+        prog = Observed(tmp_path, {"FIBER_STATUS_DIR": str(status_dir), "OBSERVED_BAD_RECORD": record})
+        try:
+            top = subprocess.run([sys.executable, "-m", "fibercore.cli", "top", "--once"], capture_output=True,
+                                 env=prog.env, timeout=120)
+        finally:
+            prog.finish()
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+    assert top.returncode == 0, top
+    out = top.stdout.decode("utf-8")
+    assert "bad record: " in out, out
+    assert not any(ch in out for ch in "\x1b\x07\x9b\u202e"), repr(out)
+    assert r"bad record: \x1b]0;pwned\x07\x1b]52;c;ZXZpbA" in out, out  # (the line is cut at 160)

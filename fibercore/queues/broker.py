@@ -23,6 +23,7 @@ from collections.abc import Hashable
 from typing import Any
 
 from fibercore.errors import TransportClosed, TransportTimeout
+from fibercore.observe import registry
 from fibercore.queues.protocol import (
     ACK,
     CANCEL,
@@ -651,3 +652,11 @@ class Broker:
 
 #: Seconds without a thread waiting on a queue client before its background thread reads
 #: the connection (while threads wait, one of them reads it: no hand-off per item).
+
+
+def _views() -> list[dict[str, Any]]:
+    """What ``fiber top`` and the dashboard show of this process's queues."""
+    return [b.view() for b in list(brokers.values()) if not b.closed]
+
+
+registry.provide("queues", _views)
