@@ -134,6 +134,28 @@ def own_process(pid: int) -> OwnProcess | None:
     return held
 
 
+def _parent(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return int(fh.read().rsplit(b")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def hold_child(pid: int, parent: int) -> OwnProcess | None:
+    """``pid`` held if it is still a running child of ``parent`` (which has not reaped it, so
+    the pid is not reused yet); None otherwise."""
+    try:
+        pidfd = _pidfd_open(pid)
+    except OSError:
+        return None
+    held = OwnProcess(pid, {}, pidfd, "" if pidfd is not None else _start(pid))
+    if _parent(pid) != parent or not held.alive():  # read after the pidfd was opened: about it
+        held.close()
+        return None
+    return held
+
+
 def scan(want: bytes) -> list[OwnProcess]:
     """This user's live processes whose environment holds the variable ``want``, held (the
     caller closes them)."""
