@@ -200,9 +200,9 @@ def _copy_tree(src_fd: int, dst: Place, shown: str) -> None:
         info = _check(dst.fd, dst.name, dst.shown)
         if info is None:
             try:
-                os.mkdir(dst.name, 0o700, dir_fd=dst.fd)
+                os.mkdir(dst.name, 0o700, dir_fd=dst.fd)  # widened to the source's mode once filled
             except OSError as exc:
-                raise _failed(exc, dst.shown) from None  # widened to the source's mode once filled
+                raise _failed(exc, dst.shown) from None
         into = _open_dir(dst.fd, dst.name, dst.shown)
     try:
         mode = stat.S_IMODE(os.fstat(src_fd).st_mode) & 0o777
