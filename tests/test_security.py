@@ -1831,3 +1831,202 @@ def test_fiber_top_shows_a_tasks_terminal_escapes_escaped(local_user, tmp_path):
     assert "bad record: " in out, out
     assert not any(ch in out for ch in "\x1b\x07\x9b\u202e"), repr(out)
     assert r"bad record: \x1b]0;pwned\x07\x1b]52;c;ZXZpbA" in out, out  # (the line is cut at 160)
+
+
+# -- surface: the CLI's view of /proc and files --------------------------------------------------
+# `fiber ps`, `logs`, `stop`, `cleanup` and `cp` on the local backend find a session's jobs by
+# reading /proc/<pid>/environ, which any user writes for their own processes: another user's
+# process that carries a session's variables is not a job of the caller's (it is neither listed
+# nor signalled), and `cp` opens every component inside a job's directory without following a
+# link (a link planted there could point at any file of the caller's).
+
+VICTIM_SESSION = '''
+import sys, time
+import fibercore as mp
+from fibercore.runtime import get_runtime
+
+if __name__ == "__main__":
+    p = mp.Process(target=time.sleep, args=(600,), name="victim-job")
+    p.start()
+    print(get_runtime().session, p.pid, flush=True)
+    p.join()
+'''
+
+
+class _victim_session:
+    """A program of the test's user (root) with one local job sleeping in ``cwd``: (session, job pid)."""
+
+    def __init__(self, cwd: Path) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("FIBER_") or k in ("FIBER_PLUGINS",
+                                                                                         "FIBER_TRANSPORT")}
+        (cwd / "victim.py").write_text(VICTIM_SESSION)
+        self.proc = subprocess.Popen([sys.executable, "victim.py"], cwd=cwd, env={**env, "FIBER_BACKEND": "local"},
+                                     stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline().split()
+        assert len(line) == 2, "the victim program did not start its job"
+        self.session, self.job = line[0], int(line[1])
+
+    def close(self) -> None:
+        from fiber_local.forking import process_alive
+
+        if process_alive(self.job):
+            os.kill(self.job, signal.SIGKILL)
+        self.proc.kill()
+        self.proc.wait(30)
+
+
+def attack_pose_as_a_job(session: str, link_to: str) -> dict:
+    """As the other user: a directory of its own holding ``result.txt -> link_to``, and a
+    long-lived process there whose environment says it is a job of ``session`` whose
+    master is gone (what `fiber ps` and `fiber cleanup` look for)."""
+    import tempfile
+
+    home = tempfile.mkdtemp(prefix="fcatk-cwd-")
+    os.chmod(home, 0o755)
+    os.symlink(link_to, os.path.join(home, "result.txt"))
+    env = {"PATH": "/usr/bin:/bin", "FIBER_SESSION": session, "FIBERCORE_LOCAL_MASTER_PID": "999999999",
+           "FIBER_MASTER_ADDR": "127.0.0.1:9", "FIBERCORE_LOCAL_NAME": "Pool-1:evil"}
+    child = subprocess.Popen(["sleep", "600"], cwd=home, env=env, start_new_session=True,
+                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return {"pid": child.pid, "home": home}
+
+
+def attack_plant_links(directory: str, link_to: str) -> dict:
+    """As the other user, in a directory it may write: ``out.txt -> link_to`` and
+    ``sub -> link_to``'s directory (a link in the middle of a path)."""
+    os.symlink(link_to, os.path.join(directory, "out.txt"))
+    os.symlink(os.path.dirname(link_to), os.path.join(directory, "sub"))
+    return {"planted": directory}
+
+
+def _alive_after(pid: int, grace: float = 2.0) -> bool:
+    """Whether ``pid`` still runs ``grace`` seconds on (a SIGKILL sent just before has landed by then)."""
+    from fiber_local.forking import process_alive
+
+    deadline = time.monotonic() + grace
+    while process_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return process_alive(pid)
+
+
+def _program_still_starts_jobs() -> None:
+    """The test's own program: a Process and a Queue start and answer (nothing was disturbed)."""
+    from tests import security_tasks as T
+
+    q = mp.Queue()
+    p = mp.Process(target=T.report_pid, args=(q,))
+    p.start()
+    assert q.get(timeout=60) == p.pid
+    p.join(30)
+    assert p.exitcode == 0
+
+
+@pytest.fixture
+def impostor(local_user, tmp_path):
+    """A root program's real session, another user's process posing as one of its jobs (a
+    link to a root-owned file in its cwd), and that file; the process is killed by its pid."""
+    import shutil
+
+    from fiber_local.forking import process_alive
+
+    owned = tmp_path / "root-owned.txt"
+    owned.write_text("root's data\n")
+    victim = _victim_session(tmp_path)
+    attacker = local_user.run(attack_pose_as_a_job, victim.session, str(owned))
+    pid = attacker["pid"]
+    try:
+        assert process_alive(pid) and os.stat(f"/proc/{pid}").st_uid == local_user.uid
+        yield victim, pid, owned
+    finally:
+        if process_alive(pid):
+            os.kill(pid, signal.SIGKILL)
+        victim.close()
+        shutil.rmtree(attacker["home"], ignore_errors=True)
+
+
+def test_ps_and_logs_list_no_process_of_another_user(impostor):
+    """Row 9: another user's process with a session's variables is not one of its jobs."""
+    from fibercore.testing.cli import fiber
+
+    victim, pid, _ = impostor
+    listed = fiber("ps", "--session", victim.session, env={"FIBER_BACKEND": "local"})
+    assert listed.returncode == 0, listed.stderr
+    pids = [line.split()[1] for line in listed.stdout.splitlines()[1:]]
+    assert str(victim.job) in pids, listed.stdout  # the session's real job is listed ...
+    assert str(pid) not in pids, listed.stdout  # ... the impostor is not
+    logs = fiber("logs", victim.session, env={"FIBER_BACKEND": "local"})
+    assert str(pid) not in logs.stdout and str(victim.job) in logs.stdout, logs.stdout
+    alone = fiber("logs", str(pid), env={"FIBER_BACKEND": "local"})
+    assert alone.returncode == 2 and f"no job '{pid}'" in alone.stderr, alone.stderr
+    _program_still_starts_jobs()
+
+
+def test_cleanup_and_stop_kill_no_process_of_another_user(impostor):
+    """Row 9: `fiber cleanup` (the impostor says its master is gone) and `fiber stop SESSION`
+    leave another user's process alone; stop still stops the session's real job."""
+    from fibercore.testing.cli import fiber
+
+    victim, pid, _ = impostor
+    done = fiber("cleanup", env={"FIBER_BACKEND": "local"})
+    assert done.returncode == 0, done.stderr
+    assert _alive_after(pid), "fiber cleanup killed another user's process"
+    stopped = fiber("stop", victim.session, env={"FIBER_BACKEND": "local"})
+    assert stopped.returncode == 0, stopped.stderr
+    assert f"stopped 1 job(s) of session {victim.session}" in stopped.stdout, stopped.stdout
+    assert _alive_after(pid), "fiber stop killed another user's process"
+    assert not _alive_after(victim.job, 30)  # the session's own job did stop
+    _program_still_starts_jobs()
+
+
+def test_cp_into_another_users_process_writes_nothing(impostor, tmp_path):
+    """Row 9: `fiber cp FILE PID:result.txt` with the impostor's pid (and result.txt a link to a
+    root-owned file) is refused: no job of the caller's; the file is unchanged."""
+    from fibercore.testing.cli import fiber
+
+    _, pid, owned = impostor
+    note = tmp_path / "note.txt"
+    note.write_text("attacker wins\n")
+    done = fiber("cp", str(note), f"{pid}:result.txt", env={"FIBER_BACKEND": "local"})
+    assert done.returncode == 2 and f"no job '{pid}'" in done.stderr, (done.stdout, done.stderr)
+    assert owned.read_text() == "root's data\n"
+
+
+def test_cp_follows_no_link_planted_in_a_jobs_directory(local_user, tmp_path):
+    """A job of the caller's runs in a directory another user may write (sticky, as /tmp):
+    links planted there (as the last component, or in the middle of the path) are refused with
+    one line, in both directions; the root-owned file they point at is unchanged; plain files
+    still copy."""
+    import shutil
+    import tempfile
+
+    from fibercore.testing.cli import fiber
+
+    owned = tmp_path / "root-owned.txt"
+    owned.write_text("root's data\n")
+    shared = Path(tempfile.mkdtemp(prefix="fibercore-shared-"))  # under /tmp: the attacker reaches it
+    shared.chmod(0o1777)
+    victim = _victim_session(shared)
+    try:
+        local_user.run(attack_plant_links, str(shared), str(owned))
+        note = tmp_path / "note.txt"
+        note.write_text("attacker wins\n")
+        local = {"FIBER_BACKEND": "local"}
+        for target in ("out.txt", f"sub/{owned.name}"):
+            done = fiber("cp", str(note), f"{victim.job}:{target}", env=local)
+            err = done.stderr.strip().splitlines()
+            assert done.returncode == 2 and len(err) == 1, (done.stdout, done.stderr)
+            assert "is a symbolic link" in err[0] and "never follows" in err[0], err
+            assert owned.read_text() == "root's data\n"
+        back = tmp_path / "back.txt"
+        done = fiber("cp", f"{victim.job}:out.txt", str(back), env=local)
+        assert done.returncode == 2 and "is a symbolic link" in done.stderr, done.stderr
+        assert not back.exists()
+        assert fiber("cp", str(note), f"{victim.job}:fine.txt", env=local).returncode == 0
+        assert (shared / "fine.txt").read_text() == "attacker wins\n" and not (shared / "fine.txt").is_symlink()
+        assert fiber("cp", f"{victim.job}:fine.txt", str(back), env=local).returncode == 0
+        assert back.read_text() == "attacker wins\n"
+        _program_still_starts_jobs()
+    finally:
+        victim.close()
+        shutil.rmtree(shared, ignore_errors=True)
