@@ -2030,3 +2030,119 @@ def test_cp_follows_no_link_planted_in_a_jobs_directory(local_user, tmp_path):
     finally:
         victim.close()
         shutil.rmtree(shared, ignore_errors=True)
+
+
+# -- surface: the template process and files a program writes ---------------------------------
+
+
+def attack_reach_template(pid: int) -> dict:
+    """Everything another user could try on a process: signal it, read its environment and
+    memory, open its descriptors, find a socket name it listens on."""
+    got: dict[str, Any] = {}
+    try:
+        os.kill(pid, 0)
+        got["signal"] = "allowed"
+    except PermissionError:
+        got["signal"] = "refused"
+    for what in ("environ", "mem", "fd/0", "cwd"):
+        try:
+            with open(f"/proc/{pid}/{what}", "rb") as fh:
+                fh.read(1)
+            got[what] = "read"
+        except OSError:
+            got[what] = "refused"
+    inodes = set()
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            inodes.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        got["fds"] = "listed"
+    except OSError:
+        got["fds"] = "refused"
+    return got
+
+
+def test_the_template_process_cannot_be_reached_by_another_user(local_user):
+    """Row "template process": the local backend's template (which forks jobs and receives
+    pickles from the master) talks only over a socket pair the master made: no name, no
+    port. Another user can neither signal it nor read its environment, memory or descriptors."""
+    if mp.get_runtime().backend != "local":
+        pytest.skip("the template is the local backend's")
+    p = mp.Process(target=time.sleep, args=(0.5,))
+    p.start()
+    p.join(60)
+    templates = []
+    for entry in os.listdir("/proc"):
+        try:
+            if entry.isdigit() and Path(f"/proc/{entry}/comm").read_text().strip() == "fiber-template":
+                if int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1]) == os.getpid():
+                    templates.append(int(entry))
+        except (OSError, ValueError, IndexError):
+            continue
+    if not templates:
+        pytest.skip("this master forks no template (FIBER_LOCAL_TEMPLATE off)")
+    for pid in templates:
+        got = local_user.run(attack_reach_template, pid)
+        assert set(got.values()) == {"refused"}, got
+        unix = Path("/proc/net/unix").read_text()
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if target.startswith("socket:["):
+                inode = target[8:-1]
+                named = [line for line in unix.splitlines()[1:]
+                         if line.split()[6] == inode and len(line.split()) >= 8]
+                assert not named, f"the template's socket {inode} has a name: {named}"
+
+
+_LOGS_TO = textwrap.dedent("""
+    import sys
+    import fibercore as mp
+    mp.init(log_file=sys.argv[1], log_level="info")
+    import logging
+    logging.getLogger("fibercore").warning("root's log line")
+    p = mp.Process(target=print, args=("job ran",))
+    p.start(); p.join(60)
+    print("exit", p.exitcode)
+""")
+
+
+def attack_plant_log_files(directory: str) -> dict:
+    victim = os.path.join(directory, "victim")
+    with open(victim, "w") as fh:
+        fh.write("")
+    os.chmod(victim, 0o666)
+    os.symlink(victim, os.path.join(directory, "linked.log.MainProcess"))
+    fd = os.open(os.path.join(directory, "theirs.log.MainProcess"), os.O_CREAT | os.O_WRONLY, 0o666)
+    os.fchmod(fd, 0o666)
+    os.close(fd)
+    return {}
+
+
+def test_a_log_file_planted_by_another_user_is_not_written(local_user, tmp_path):
+    """Row "log_file": a name in a directory others can write (a sticky /tmp) may be made
+    first by another user, as a link or as a file they can read. The master writes neither:
+    one WARNING line, and the program goes on."""
+    import shutil
+    import tempfile
+
+    shared = Path(tempfile.mkdtemp(prefix="fc-shared-", dir="/tmp"))  # reachable by the other user
+    try:
+        os.chmod(shared, 0o1777)
+        local_user.run(attack_plant_log_files, str(shared))
+        for name in ("linked.log", "theirs.log"):
+            out = subprocess.run([sys.executable, "-c", _LOGS_TO, str(shared / name)], capture_output=True,
+                                 text=True, timeout=120)
+            assert out.returncode == 0, out.stderr
+            assert "exit 0" in out.stdout, out
+            assert out.stderr.count("WARNING: not logging to") >= 1, out.stderr
+            assert "Traceback" not in out.stderr, out.stderr
+        assert (shared / "victim").read_text() == ""
+        assert (shared / "theirs.log.MainProcess").read_text() == ""
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+    # a log file of one's own is made 0600 and written
+    own = tmp_path / "own.log"
+    out = subprocess.run([sys.executable, "-c", _LOGS_TO, str(own)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    made = tmp_path / "own.log.MainProcess"
+    assert "root's log line" in made.read_text()
+    assert made.stat().st_mode & 0o077 == 0
