@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import fibercore as mp
-from tests.helpers import drain, eventually, get_one_then_sleep, joinable_worker, put_items
+from tests.helpers import drain, eventually, get_one_then_sleep, joinable_worker, put_items, take_n
 
 
 def test_local_put_get_fifo():
@@ -469,3 +469,33 @@ def test_a_getter_of_a_queue_whose_channel_closed_waits_instead_of_spinning():
     with pytest.raises(queue.Empty):
         q.get(timeout=1.0)
     assert time.monotonic() - started >= 0.9 and time.thread_time() - cpu < 0.5
+
+
+def test_a_reader_that_reads_nothing_holds_up_no_other_and_its_items_come_back(monkeypatch):
+    """A reader that asks and asks but never reads its connection (stopped, or hostile) fills
+    it; replies to it wait in its own outbox, so a second reader is served meanwhile, and
+    once it has taken nothing for STUCK_AFTER seconds it is dropped and what it was lent
+    goes to the others (no item lost, none twice)."""
+    from fibercore.queues import broker as B
+    from fibercore.queues.protocol import GET
+
+    monkeypatch.setattr(B, "STUCK_AFTER", 2.0)
+    q, out = mp.Queue(), mp.Queue()
+    silent = _RawReader(q)
+    try:
+        items = [bytes([i % 251]) * 4096 + i.to_bytes(4, "little") for i in range(3000)]
+        for item in items[:2000]:
+            q.put(item)
+        for _ in range(200):  # each GET is granted items; none is read
+            silent.send(GET, 4096, 0, 0)
+        broker = B.brokers[q._qid]
+        eventually(lambda: not broker.items, timeout=60)  # everything is lent to it, or on its way
+        for item in items[2000:]:
+            q.put(item)
+        p = mp.Process(target=take_n, args=(q, out, len(items)))
+        p.start()
+        got = out.get(timeout=120)
+        p.join(60)
+        assert sorted(got) == sorted(items)  # the silent reader's items came back, once each
+    finally:
+        silent.channel.close()

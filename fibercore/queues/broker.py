@@ -58,12 +58,19 @@ from fibercore.queues.protocol import (
 )
 from fibercore.runtime import get_runtime
 from fibercore.wire import malformed
+from fibercore.wire.outbox import Outboxes
 from fibercore.wire.sender import BURST_GAP
 
 _clock = time.perf_counter
 
 #: The brokers of the queues this process created, by queue id.
 brokers: dict[str, Broker] = {}
+
+
+#: Seconds a reader's connection may take nothing before the reader is dropped.
+STUCK_AFTER = 30.0
+#: Bytes of replies a slow reader may have waiting (at least: the queue's byte budget).
+OUTBOX_BYTES = 64 << 20
 
 
 class Reader:
@@ -112,6 +119,8 @@ class Broker:
         self.channel = rt.listen("router", service="queue")
         self.address = self.channel.address
         self.channel.on_peer_event(self._peer_event)
+        # Readers whose replies wait for room, each with a sending thread of its own.
+        self.slow = Outboxes(self.channel, f"queue {qid[:8]}", max(self.budget, OUTBOX_BYTES), self._slow_reader)
         self.closed = False
         self.peers = 0
         self.departed: deque[tuple[Hashable, float]] = deque()
@@ -125,6 +134,7 @@ class Broker:
         self.resting = threading.Condition(lock)  # the receiving thread, while getters read
         self.rest_untimed = False  # it waits for the reading getter to finish (no timed looks)
         self._counts = itertools.count(1)  # ids of COUNT requests
+
         self._ready: tuple[int, int] | None = None  # a pipe readable while items wait (ready_fd)
         self._ready_set = False
         self._receiver: threading.Thread | None = None
@@ -260,7 +270,7 @@ class Broker:
                 sends = self._sends_for_this_thread() if self.waiting else []
                 self._changed()
         if sends:
-            self._send_replies(sends, block=False)
+            self._send_replies(sends)
 
     def get_local(self, block: bool, timeout: float | None) -> list[Any]:
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -420,7 +430,7 @@ class Broker:
             if sends:
                 self.cv.release()
                 try:
-                    self._send_replies(sends, block=False)
+                    self._send_replies(sends)
                 finally:
                     self.cv.acquire()
 
@@ -470,7 +480,7 @@ class Broker:
                     return
                 continue
             if sends:
-                self._send_replies(sends, block=False)
+                self._send_replies(sends)
 
     def _took(self, messages: list[tuple[int, list[Any]]], peer: Hashable) -> list[tuple[Hashable, list[Any]]]:
         """Handle a frame's messages (cv held); the replies this thread is to send now."""
@@ -548,35 +558,34 @@ class Broker:
                 self.join_waiters.append((peer, bytes(parts[0])))
 
     def _dispatch(self) -> None:
-        """Serve waiting readers and send replies that the receive thread could not send
-        without waiting (a reader whose socket is full), and those of local operations."""
+        """Serve waiting readers and send the replies of local operations; while a reader is
+        slow (:meth:`_deliver`), look every second whether it is stuck."""
+        checked = time.monotonic()
         while True:
+            if self.slow.any() and time.monotonic() - checked >= 1.0:
+                checked = time.monotonic()
+                self.slow.check_stuck(STUCK_AFTER)
+            sends = None
             with self.cv:
                 while True:
                     self._recall_for_starved()
                     if self._dispatch_due():
+                        sends = self._take_sends()
+                        self.sending = True
                         break
                     if self.closed and self.peers <= 0:
                         return
-                    self.work.wait()
-                sends = self._take_sends()
-                self.sending = True
-            self._send_replies(sends, block=True)
+                    if self.slow.any() and time.monotonic() - checked >= 1.0:
+                        break
+                    self.work.wait(1.0 if self.slow.any() else None)
+            if sends is not None:
+                self._send_replies(sends)
 
-    def _send_replies(self, sends: list[tuple[Hashable, list[Any]]], block: bool) -> None:
-        """Send replies in order (one thread at a time: ``sending``); without ``block``,
-        what cannot go now goes back to the front of the outbox, for the dispatch thread."""
-        for i, (peer, messages) in enumerate(sends):
-            try:
-                self.channel.send(messages, peer, block=block)
-            except TransportTimeout:
-                with self.cv:
-                    self.outbox[:0] = sends[i:]
-                    self.sending = False
-                    self._changed()
-                return
-            except Exception:  # the peer left; its leases come back via _peer_event
-                pass
+    def _send_replies(self, sends: list[tuple[Hashable, list[Any]]]) -> None:
+        """Send replies (one thread at a time: ``sending``, so each reader gets its replies in
+        the order they were made); none waits for a reader's room (:meth:`_deliver`)."""
+        for peer, messages in sends:
+            self._deliver(peer, messages)
         with self.cv:
             self.sending = False
             # What others left while this thread sent (they skip sending meanwhile): a reader
@@ -584,6 +593,15 @@ class Broker:
             self._recall_for_starved()
             if self._dispatch_due():
                 self._changed()
+
+    def _deliver(self, peer: Hashable, messages: list[tuple[int, list[Any]]]) -> None:
+        """Send now, or into the reader's own outbox when its connection is full: one stopped
+        reader holds up no other, and is dropped when stuck (:data:`STUCK_AFTER`)."""
+        self.slow.deliver(peer, messages, sum(item_bytes(parts) for _op, parts in messages))
+
+    def _slow_reader(self) -> None:
+        with self.cv:
+            self.work.notify()  # the dispatch thread looks at slow readers every second from now on
 
     def _sends_for_this_thread(self) -> list[tuple[Hashable, list[Any]]]:
         """Replies this thread may send itself, with ``block=False`` (cv held): none while
