@@ -1165,8 +1165,47 @@ def test_os_system_under_fiber_run_inherits_no_secret(tmp_path):
     done = fiber("run", "--", "python", "prog.py", cwd=tmp_path, env={"FIBER_BACKEND": "local"})
     assert done.returncode == 0, done.stderr
     fd = (tmp_path / "fd.txt").read_text()
-    assert fd.isdigit()  # the master job got its secret this way ...
-    assert fd not in (tmp_path / "fds.txt").read_text().split()  # ... and its shell did not
+    # fibercore took the secret's descriptor before the program's first line (fiber run starts
+    # a Python master through fibercore.cli.boot): the program never sees its number
+    assert fd == "none"
+    assert "FIBER_SECRET" not in (tmp_path / "env.txt").read_text()
+
+
+def test_os_system_before_import_fibercore_under_fiber_run_inherits_no_secret(tmp_path):
+    """The same with the shell command run before ``import fibercore`` (the program's first
+    line): `fiber run` starts a Python master through fibercore.cli.boot, which takes the
+    secret's descriptor before the program's code runs. The program still runs as ``python``
+    runs it: ``__main__``, ``sys.argv``, its directory first on ``sys.path``, a Pool of a
+    function it defines."""
+    from fibercore.testing.cli import fiber
+
+    (tmp_path / "prog.py").write_text(textwrap.dedent('''
+        import os
+        mine = {}
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                mine[fd] = os.readlink(f"/proc/self/fd/{fd}")
+            except OSError:  # the listing's own descriptor, closed by now
+                pass
+        open("fds.txt", "w").write(" ".join(sorted(mine)))
+        os.system("env > env.txt")
+        import sys
+        import fibercore as mp
+
+        def square(x):
+            return x * x
+
+        if __name__ == "__main__":
+            with mp.Pool(2) as pool:
+                got = pool.map(square, range(4))
+            here = os.path.dirname(os.path.abspath(__file__))
+            open("out.txt", "w").write(repr((got, sys.argv[1:], sys.path[0] == here)))
+    '''))
+    done = fiber("run", "--", "python", "-u", "prog.py", "a", "b", cwd=tmp_path, env={"FIBER_BACKEND": "local"})
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "out.txt").read_text() == repr(([0, 1, 4, 9], ["a", "b"], True))
+    # the program's first line finds only its standard streams: nothing a shell could inherit
+    assert (tmp_path / "fds.txt").read_text().split() == ["0", "1", "2"]
     assert "FIBER_SECRET" not in (tmp_path / "env.txt").read_text()
 
 
