@@ -141,6 +141,8 @@ ENV_SWITCHES = frozenset(
         "FIBER_SECRET",
         "FIBER_SECRET_FILE",
         "FIBER_SECRET_FD",
+        "FIBER_STATUS_DIR",
+        "FIBER_TEST_BURN",
         "FIBER_MASTER_ADDR",
         "FIBER_TOKEN",
         "FIBER_CONFIG_FILE",

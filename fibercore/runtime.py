@@ -160,26 +160,30 @@ def _setup_logging(cfg: _config.Config, process_name: str | None = None) -> None
 
 def _open_log(target: str) -> Any:
     """The log file ``target`` opened for appending, or None (one WARNING line on stderr) when
-    it is a link, not a regular file, or another user's: a name in a directory others can
-    write (``/tmp``) may have been made by someone else first. Made with mode 0600."""
+    it is a link, not a regular file, or another user's (a name in a directory others can
+    write, ``/tmp``, may have been made by someone else first), or when another user could
+    change its directory (:func:`fibercore.util.others_can_change`). Made with mode 0600."""
     import sys
 
+    from fibercore.util import others_can_change
+
     flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
-    why = ""
-    try:
-        fd = os.open(target, flags, 0o600)
-    except OSError as exc:
-        why = os.strerror(exc.errno or 0) if exc.errno != errno.ELOOP else "it is a symbolic link"
-    else:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            why = "it is not a regular file"
-        elif st.st_uid != os.geteuid():
-            why = f"it belongs to uid {st.st_uid}"
+    why = others_can_change(os.path.dirname(os.path.abspath(target)))
+    if why is None:
+        try:
+            fd = os.open(target, flags, 0o600)
+        except OSError as exc:
+            why = os.strerror(exc.errno or 0) if exc.errno != errno.ELOOP else "it is a symbolic link"
         else:
-            os.set_blocking(fd, True)
-            return os.fdopen(fd, "a", buffering=1, encoding="utf-8")
-        os.close(fd)
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                why = "it is not a regular file"
+            elif st.st_uid != os.geteuid():
+                why = f"it belongs to uid {st.st_uid}"
+            else:
+                os.set_blocking(fd, True)
+                return os.fdopen(fd, "a", buffering=1, encoding="utf-8")
+            os.close(fd)
     sys.stderr.write(f"fibercore: WARNING: not logging to {target}: {why}; set log_file to a path in a "
                      "directory only you can write\n")
     return None

@@ -127,12 +127,18 @@ def _reserve(fd: int, size: int, path: str) -> None:
                       "docker backend: docker_shm_size)") from None
 
 
+#: Segments this process registered with the resource tracker (each is unregistered once:
+#: a second unregister makes the tracker print a KeyError at exit).
+_tracked: set[str] = set()
+
+
 def _track(name: str) -> None:
     """Let Python's resource tracker remove the segment if this process is killed."""
     try:
         from multiprocessing import resource_tracker
 
         resource_tracker.register("/" + name, "shared_memory")
+        _tracked.add(name)
     except Exception:  # no tracker (an embedded interpreter): fiber cleanup removes it
         pass
 
@@ -141,6 +147,9 @@ def _unlink(name: str, made: tuple[int, int] | None = None) -> None:
     """Remove segment ``name`` if it is still the file made here (``made``), and let the
     resource tracker forget it."""
     shm.remove_segment(name, made)
+    if name not in _tracked:
+        return
+    _tracked.discard(name)
     try:
         from multiprocessing import resource_tracker
 

@@ -93,6 +93,65 @@ def make_room_for_jobs(n: int, what: str) -> None:
                                           resource.getrlimit(resource.RLIMIT_NOFILE)[0], what)
 
 
+def printable(text: Any) -> str:
+    """``text`` as a terminal may show it: every character that is not printable (controls,
+    escapes, bidi and zero-width format characters, line and paragraph separators) shown as
+    its escape (``\\x1b``, ``\\u202e``). For text that came from a job or another user."""
+    text = str(text)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
+
+
+def others_can_change(directory: str) -> str | None:
+    """Why another user (not this one, not root) could change what the path ``directory``
+    names, or None when nobody else can: every directory on the way (links followed, each
+    link's own directory included) and ``directory`` itself is owned by this user or root,
+    and writable by others only when sticky (as /tmp: there an entry is renamed or removed
+    only by its owner). A part that does not exist yet is not judged (whoever makes it
+    checks again). Used for directories fibercore writes into (status, logs)."""
+    import stat
+
+    me = os.geteuid()
+    todo = [p for p in os.path.abspath(directory).split("/") if p]
+    current = "/"
+    hops = 0
+    while True:
+        try:
+            info = os.stat(current)
+        except OSError:
+            return None
+        if info.st_uid not in (0, me):
+            return f"{current} is owned by uid {info.st_uid}"
+        if info.st_mode & 0o022 and not info.st_mode & stat.S_ISVTX:
+            return f"others can write in {current} (mode {stat.S_IMODE(info.st_mode):04o})"
+        if not todo:
+            return None
+        part = todo.pop(0)
+        if part == ".":
+            continue
+        if part == "..":
+            current = os.path.dirname(current) or "/"
+            continue
+        following = os.path.join(current, part)
+        try:
+            entry = os.lstat(following)
+        except OSError:
+            return None
+        if stat.S_ISLNK(entry.st_mode):
+            if entry.st_uid not in (0, me):
+                return f"{following} is a link of uid {entry.st_uid}"
+            hops += 1
+            if hops > 40:
+                return f"{directory} has too many links on its way"
+            target = os.readlink(following)
+            if target.startswith("/"):
+                current = "/"
+            todo[:0] = [p for p in target.split("/") if p]
+            continue
+        current = following
+
+
 def process_start(pid: int) -> str:
     """Process ``pid``'s start time in clock ticks since boot ("" when it does not run): with
     its pid, who a process is (a pid alone may be reused)."""

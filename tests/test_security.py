@@ -2185,3 +2185,90 @@ def test_a_log_file_planted_by_another_user_is_not_written(local_user, tmp_path)
     made = tmp_path / "own.log.MainProcess"
     assert "root's log line" in made.read_text()
     assert made.stat().st_mode & 0o077 == 0
+
+
+def attack_plant_open_tree(shared: str) -> dict:
+    """World-writable files and a directory of the attacker's in a job's directory."""
+    os.umask(0)
+    os.mkdir(os.path.join(shared, "results"), 0o777)
+    for name in ("results/report.sh", "loose.txt"):
+        with open(os.path.join(shared, name), "w") as fh:
+            fh.write("#!/bin/sh\n")
+        os.chmod(os.path.join(shared, name), 0o777)
+    return {}
+
+
+def test_cp_out_of_a_shared_directory_applies_the_umask_and_leaves_a_directory_alone(local_user, tmp_path):
+    """Files another user made world-writable in a job's directory do not come out
+    world-writable: as cp, fiber cp gives a copy the source's mode less the umask, and a
+    destination directory that was there keeps its mode (it was chmodded 0777 before)."""
+    import shutil
+    import tempfile
+
+    from fibercore.testing.cli import fiber
+
+    shared = Path(tempfile.mkdtemp(prefix="fibercore-shared-"))
+    shared.chmod(0o1777)
+    victim = _victim_session(shared)
+    try:
+        local_user.run(attack_plant_open_tree, str(shared))
+        existing = tmp_path / "existing"
+        existing.mkdir(mode=0o700)
+        local = {"FIBER_BACKEND": "local"}
+        old = os.umask(0o022)
+        try:
+            for dest in (tmp_path / "fresh", existing):
+                done = fiber("cp", f"{victim.job}:results", str(dest), env=local)
+                assert done.returncode == 0, done.stderr
+            done = fiber("cp", f"{victim.job}:loose.txt", str(tmp_path / "loose.txt"), env=local)
+            assert done.returncode == 0, done.stderr
+        finally:
+            os.umask(old)
+        assert (existing.stat().st_mode & 0o777) == 0o700  # left as it was
+        for made in (tmp_path / "fresh", tmp_path / "fresh" / "report.sh", existing / "report.sh",
+                     tmp_path / "loose.txt"):
+            assert made.stat().st_mode & 0o022 == 0, (made, oct(made.stat().st_mode))
+    finally:
+        victim.close()
+        shutil.rmtree(shared, ignore_errors=True)
+
+
+def attack_own_a_parent(parent: str) -> dict:
+    os.mkdir(parent, 0o777)
+    os.chmod(parent, 0o777)
+    return {}
+
+
+def test_a_status_or_log_directory_under_another_users_directory_is_refused(local_user, tmp_path, monkeypatch):
+    """A status directory (or a log file's directory) whose parent another user owns could be
+    swapped for theirs after the check: it is refused with the fix, and nothing is written
+    there; a link of theirs on the way is refused too."""
+    import shutil
+    import tempfile
+
+    from fibercore.observe import status
+
+    top = Path(tempfile.mkdtemp(prefix="fibercore-shared-"))
+    top.chmod(0o1777)
+    try:
+        theirs = top / "att"
+        local_user.run(attack_own_a_parent, str(theirs))
+        monkeypatch.setenv("FIBER_STATUS_DIR", str(theirs / "status"))
+        with pytest.raises(status.StatusDirError, match="owned by uid"):
+            status.status_dir()
+        private = tmp_path / "private"
+        private.mkdir(mode=0o700)
+        local_user.run(attack_link_to, str(private), str(top / "logs"))
+        for log_file in (theirs / "run.log", top / "logs" / "run.log"):
+            out = subprocess.run([sys.executable, "-c", _LOGS_TO, str(log_file)], capture_output=True, text=True,
+                                 timeout=120)
+            assert out.returncode == 0 and "exit 0" in out.stdout, out
+            assert "WARNING: not logging to" in out.stderr, out.stderr
+        assert list(private.iterdir()) == [] and not any(theirs.iterdir())
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+
+
+def attack_link_to(target: str, link: str) -> dict:
+    os.symlink(target, link)
+    return {}

@@ -13,6 +13,7 @@ import sys
 from typing import Any
 
 from fibercore.errors import ConfigError
+from fibercore.util import printable
 
 
 def _runtime(args: argparse.Namespace) -> Any:
@@ -35,10 +36,11 @@ def ps(args: argparse.Namespace) -> int:
     if not found:
         print(f"no fiber jobs on backend {rt.backend}" + (f" in session {args.session}" if args.session else ""))
         return 0
-    rows = [("SESSION", "JOB", "NAME", "STATUS", "CREATED", "IMAGE")]
+    rows: list[tuple[str, ...]] = [("SESSION", "JOB", "NAME", "STATUS", "CREATED", "IMAGE")]
     for info in sorted(found, key=lambda i: (i.session, i.created or 0, i.jid)):
         status = info.status.value + (f" ({info.exitcode})" if info.exitcode is not None else "")
-        rows.append((info.session, info.jid, info.name, status, _when(info.created), info.image or "-"))
+        cells = (info.session, info.jid, info.name, status, _when(info.created), info.image or "-")
+        rows.append(tuple(printable(cell) for cell in cells))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())

@@ -15,25 +15,17 @@ from __future__ import annotations
 
 import argparse
 import curses
-import re
 import time
 from typing import Any
 
 from fibercore.observe import status
+from fibercore.util import printable
 
 #: Seconds a first sample may take to appear (the master looks once a second).
 FIRST_SAMPLE = 4.0
 
 
 #: C0 and C1 controls, DEL, and the format characters that reorder or hide text (bidi, zero width).
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2066-\u2069\ufeff]")
-
-
-def printable(text: Any) -> str:
-    """``text`` with every control character shown as an escape (``\x1b``, ``\u202e``)."""
-    return _CONTROL.sub(lambda m: ascii(m.group())[1:-1], str(text))
-
-
 def _bytes(n: Any) -> str:
     if not isinstance(n, (int, float)):
         return "-"

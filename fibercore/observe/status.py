@@ -13,8 +13,10 @@ For each session whose master runs here:
 
 The directory is ``$FIBER_STATUS_DIR``, else ``$XDG_RUNTIME_DIR/fibercore``, else
 ``/tmp/fibercore-<uid>``: made with mode 0700. One that is a link, not a directory, owned by
-another user or writable by others is refused (:class:`StatusDirError`, naming the fix) and
-never chmodded: it may be a shared directory such as /tmp. When the default name in /tmp was
+another user or writable by others, or on a way another user could change (a directory of
+theirs, or one they can write that is not sticky, above it), is refused
+(:class:`StatusDirError`, naming the fix) and never chmodded: it may be a shared directory
+such as /tmp. Files in it are written beside and renamed, never through a link. When the default name in /tmp was
 made first by another user, the directory is ``~/.cache/fibercore/status-<host>`` instead
 (a home directory is not a place another user can create names in).
 """
@@ -30,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from fibercore.errors import FiberError
+from fibercore.util import others_can_change
 
 #: A watch file older than this (seconds) means nobody is looking any more.
 WATCH_FRESH = 3.0
@@ -53,7 +56,11 @@ def _refusal(path: Path, info: os.stat_result) -> str | None:
 
 
 def _checked(path: Path, create: bool, fix: str) -> Path:
-    """``path`` made (0700) when asked and missing, then checked: never chmodded."""
+    """``path`` made (0700) when asked and missing, then checked: never chmodded. Nothing is
+    made on a way another user could change."""
+    why = others_can_change(str(path.parent))
+    if why is not None:
+        raise StatusDirError(f"the status directory {path} is refused: {why}: {fix}")
     if create:
         try:
             path.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -65,7 +72,7 @@ def _checked(path: Path, create: bool, fix: str) -> Path:
         info = os.lstat(path)
     except FileNotFoundError:
         return path
-    why = _refusal(path, info)
+    why = _refusal(path, info) or others_can_change(str(path.parent))
     if why is not None:
         raise StatusDirError(f"the status directory {path} is refused: {why}: {fix}")
     return path
@@ -113,8 +120,14 @@ def _ours(path: Path) -> bool:
 
 
 def _write(path: Path, data: dict[str, Any]) -> None:
+    """Replace ``path`` whole: written beside it (a new file: no link followed), then renamed."""
     partial = path.with_name(f".{path.name}.{os.getpid()}")
-    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(partial, flags, 0o600)
+    except FileExistsError:  # left by a process of this pid before (or planted): made anew
+        os.unlink(partial)
+        fd = os.open(partial, flags, 0o600)
     with os.fdopen(fd, "w") as fh:
         json.dump(data, fh, separators=(",", ":"), default=str)
     os.replace(partial, path)
@@ -152,9 +165,11 @@ def watch(session: str) -> None:
     """``fiber top`` looks at ``session``: the master writes its status while this stays fresh."""
     folder = status_dir()
     path = folder / f"{session}.watch"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
-    os.close(fd)
-    os.utime(path)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
+    try:
+        os.utime(fd)
+    finally:
+        os.close(fd)
     ring(folder / f"{session}.bell")
 
 
@@ -175,7 +190,7 @@ def make_bell(session: str, folder: Path) -> Path | None:
 def wait_for_bell(path: Path) -> None:
     """Sleep until someone opens the bell (:func:`ring`), or a second when it is gone."""
     try:
-        fd = os.open(path, os.O_RDONLY)  # blocks until a writer opens it
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)  # blocks until a writer opens it
     except OSError:
         time.sleep(1.0)
         return
@@ -188,7 +203,7 @@ def wait_for_bell(path: Path) -> None:
 def ring(path: Path) -> None:
     """Wake a master waiting on its bell (nothing happens when none waits)."""
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:  # ENXIO: no reader waits (the master is sampling already, or gone)
         return
     try:

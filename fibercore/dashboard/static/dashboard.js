@@ -2,6 +2,12 @@
 // Text from the program (job names, errors, output) is set with textContent, never as HTML.
 "use strict";
 
+// The token came in the address (?token=...); this page's cookie carries it from now on, so it
+// leaves the address bar and the history (nothing later shows it, or sends it in a Referer).
+if (new URLSearchParams(location.search).has("token")) {
+  history.replaceState(null, "", location.pathname);
+}
+
 const KEEP = 3600;  // points per chart (an hour at one a second)
 const series = { t: [], tasks: [], busy: [], idle: [], starting: [], queued: [], depth: [], cpu: [], rss: [] };
 let lastT = 0;

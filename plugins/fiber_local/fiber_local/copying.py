@@ -147,6 +147,18 @@ def _copy_file_to(src_dir: int, name: str, shown: str, dst: Place) -> None:
         _write_file(src_dir, name, shown, dst.fd, dst.name, dst.shown)
 
 
+def _umask() -> int:
+    """This process's umask (from /proc: setting it to read it would race other threads)."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0o022
+
+
 def _write_file(src_dir: int, name: str, shown: str, dst_dir: int, dst_name: str, dst_shown: str) -> None:
     """Copy one regular file (opened with O_NOFOLLOW) beside ``dst_name``, then rename it over
     (``dst_name`` itself is refused when it is a link or a directory)."""
@@ -175,7 +187,8 @@ def _write_file(src_dir: int, name: str, shown: str, dst_dir: int, dst_name: str
                     view = memoryview(chunk)
                     while view:
                         view = view[os.write(out, view):]
-                os.fchmod(out, stat.S_IMODE(info.st_mode) & 0o777)  # never a set-id bit
+                # as cp does: the source's permission bits less the umask (never a set-id bit)
+                os.fchmod(out, stat.S_IMODE(info.st_mode) & 0o777 & ~_umask())
                 os.utime(out, ns=(info.st_atime_ns, info.st_mtime_ns))
             finally:
                 os.close(out)
@@ -194,11 +207,13 @@ def _write_file(src_dir: int, name: str, shown: str, dst_dir: int, dst_name: str
 
 def _copy_tree(src_fd: int, dst: Place, shown: str) -> None:
     """The contents of directory ``src_fd`` into ``dst`` (made when missing), recursively."""
+    made = False
     if dst.name is None:
         into = os.dup(dst.fd)
     else:
         info = _check(dst.fd, dst.name, dst.shown)
-        if info is None:
+        made = info is None
+        if made:
             try:
                 os.mkdir(dst.name, 0o700, dir_fd=dst.fd)  # widened to the source's mode once filled
             except OSError as exc:
@@ -223,7 +238,7 @@ def _copy_tree(src_fd: int, dst: Place, shown: str) -> None:
                 _write_file(src_fd, name, here, into, name, there)
             else:
                 raise CopyRefused(f"{here} is not a regular file or directory; fiber cp copies only those")
-        if dst.name is not None:
-            os.fchmod(into, mode | 0o700)
+        if dst.name is not None and made:  # as cp: a directory it made gets the source's mode less
+            os.fchmod(into, (mode | 0o700) & ~_umask())  # the umask; one that was there is left as it is
     finally:
         os.close(into)
