@@ -740,7 +740,7 @@ def test_squat_and_relay_to_every_listener_kind_unpickles_nothing(local_user, se
         started = time.monotonic()
         with pytest.raises(AuthenticationError, match="another listener than the address names"):
             rt.dial("router", stale, key, service=service)
-        assert time.monotonic() - started < 1.0, service
+        assert time.monotonic() - started < 5.0, service  # refused, not after the dial's 10 s timeout
     got = local_user.result(child)
     assert got["victim_connections"] == len(listeners)  # the dialers tried the name ...
     assert got["victim_bytes"] == 0  # ... and sent nothing into another user's socket
@@ -962,7 +962,9 @@ def test_sigstop_of_a_sync_reader_stalls_no_other_call(tmp_path):
             os.kill(reader.pid, signal.SIGCONT)
             reader.kill()
             reader.join(30)
-    assert ok is False and 1.9 < took < 3.0, took
+    # at its timeout (2 s, then at most ANSWER_GRACE), not when the stopped reader resumes (after
+    # the waiter answered): the upper bound leaves a busy machine its seconds
+    assert ok is False and 1.9 < took < 10.0, took
     assert value == 1  # a Value increment through the same service, answered
 
 
