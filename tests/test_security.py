@@ -1709,22 +1709,31 @@ def test_dashboard_cookie_reaches_no_other_port_and_a_planted_one_breaks_nothing
 
 
 SQUATTED_DRIVER = textwrap.dedent('''
-    # In a mount namespace of its own with a fresh /tmp (the machine's /tmp is left alone):
-    # the other user makes /tmp/fibercore-0 first, then root runs a program with the dashboard
-    # and `fiber top --once`, XDG_RUNTIME_DIR and FIBER_STATUS_DIR unset.
-    import json, os, subprocess, sys
-    uid, gid, python, root = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=1777", "tmpfs", "/tmp"], check=True)
+    # In a mount namespace of its own (the machine's /tmp is left as it is, and this checkout
+    # may live under /tmp): the other user's directory is bound over /tmp/fibercore-0 here
+    # only, as if they had made it first; then root runs a program with the dashboard and
+    # `fiber top --once`, XDG_RUNTIME_DIR and FIBER_STATUS_DIR unset.
+    import json, os, subprocess, sys, tempfile
+    uid, gid, python, root, scratch = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+    try:  # root's own status directory (what any of its programs makes): the mount point
+        os.mkdir("/tmp/fibercore-0", 0o700)
+    except FileExistsError:
+        pass
+    theirs = tempfile.mkdtemp(dir="/tmp")
+    os.chmod(theirs, 0o1777)  # where the other user can make its directory
     pid = os.fork()
     if pid == 0:
         os.setgroups([]); os.setgid(gid); os.setuid(uid)
-        os.mkdir(f"/tmp/fibercore-{0}", 0o755)
+        os.mkdir(os.path.join(theirs, "fibercore-0"), 0o755)
         os._exit(0)
     os.waitpid(pid, 0)
+    subprocess.run(["mount", "--bind", os.path.join(theirs, "fibercore-0"), "/tmp/fibercore-0"], check=True)
     squat = os.lstat("/tmp/fibercore-0")
-    os.mkdir("/tmp/home", 0o700)
+    assert squat.st_uid == uid
+    home = os.path.join(scratch, "home")
+    os.mkdir(home, 0o700)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FIBER_", "XDG_"))}
-    env.update(HOME="/tmp/home", PYTHONPATH=root, FIBER_DASHBOARD="1")
+    env.update(HOME=home, PYTHONPATH=root, FIBER_DASHBOARD="1")
     prog = ("import sys, fibercore as mp\\n"
             "from fibercore import dashboard\\n"
             "if __name__ == '__main__':\\n"
@@ -1732,12 +1741,15 @@ SQUATTED_DRIVER = textwrap.dedent('''
             "        print(pool.apply(abs, (-3,)), dashboard.url(), flush=True)\\n"
             "        sys.stdin.readline()\\n")
     p = subprocess.Popen([python, "-c", prog], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, env=env, cwd="/tmp/home")
+                         stderr=subprocess.PIPE, text=True, env=env, cwd=home)
     first = p.stdout.readline().split()
     top = subprocess.run([python, "-m", "fibercore.cli", "top", "--once"], capture_output=True, text=True,
-                         env=env, timeout=120, cwd="/tmp/home")
+                         env=env, timeout=120, cwd=home)
     out, err = p.communicate("\\n", timeout=120)
     after = os.lstat("/tmp/fibercore-0")
+    subprocess.run(["umount", "/tmp/fibercore-0"], check=True)
+    os.rmdir(os.path.join(theirs, "fibercore-0"))
+    os.rmdir(theirs)
     print(json.dumps({"first": first, "top_rc": top.returncode, "top_out": top.stdout, "top_err": top.stderr,
                       "program_err": err, "program_rc": p.returncode,
                       "squat_kept": [after.st_uid, after.st_mode] == [squat.st_uid, squat.st_mode]}))
@@ -1756,7 +1768,7 @@ def test_a_squatted_default_status_directory_keeps_the_dashboard_and_fiber_top(l
     (tmp_path / "driver.py").write_text(SQUATTED_DRIVER)
     root = str(Path(__file__).resolve().parent.parent)
     done = subprocess.run(["unshare", "-m", "--propagation", "private", sys.executable, str(tmp_path / "driver.py"),
-                           str(local_user.uid), str(local_user.gid), sys.executable, root],
+                           str(local_user.uid), str(local_user.gid), sys.executable, root, str(tmp_path)],
                           capture_output=True, text=True, timeout=240)
     if done.returncode != 0 and "unshare failed" in done.stderr:
         pytest.skip(f"no mount namespace here: {done.stderr.strip()}")

@@ -29,6 +29,7 @@ from fibercore.backendkit.cleanup import (
 from fibercore.backendkit.forking import WORKER_MODULES, preload_worker, run_worker
 from fibercore.backendkit.helpers import outward_address, parse_pairs, process_usage, signal_exit_code
 from fibercore.backendkit.secrets import SecretFiles
+from fibercore.util import process_start
 
 __all__ = [
     "MASTER_LABEL",
@@ -43,6 +44,7 @@ __all__ = [
     "outward_address",
     "parse_pairs",
     "preload_worker",
+    "process_start",
     "process_usage",
     "run_worker",
     "sessions_to_clean",

@@ -46,7 +46,7 @@ def environ(pid: int) -> dict[bytes, bytes] | None:
 
 def _start(pid: int) -> str:
     """``pid``'s start time ("" when it does not run): with the pid, which process it is."""
-    from fibercore.util import process_start
+    from fibercore.backendkit import process_start
 
     return process_start(pid)
 
