@@ -597,7 +597,7 @@ class Broker:
     def _deliver(self, peer: Hashable, messages: list[tuple[int, list[Any]]]) -> None:
         """Send now, or into the reader's own outbox when its connection is full: one stopped
         reader holds up no other, and is dropped when stuck (:data:`STUCK_AFTER`)."""
-        self.slow.deliver(peer, messages, sum(item_bytes(parts) for _op, parts in messages))
+        self.slow.deliver(peer, messages, lambda: sum(item_bytes(parts) for _op, parts in messages))
 
     def _slow_reader(self) -> None:
         with self.cv:

@@ -51,9 +51,18 @@ class Outboxes:
         """Whether a peer is slow now (the service then calls :meth:`check_stuck` every second)."""
         return bool(self._boxes)
 
-    def deliver(self, peer: Hashable, message: list[Any], size: int, inline: bool = True) -> None:
+    def deliver(self, peer: Hashable, message: list[Any], size: int | Callable[[], int], inline: bool = True) -> None:
         """Send ``message`` (a frame's messages) to ``peer`` now if it has room and nothing of it
-        waits (and ``inline``), else queue it for the peer's sending thread."""
+        waits (and ``inline``), else queue it for the peer's sending thread. ``size``: its bytes,
+        or how to count them (counted only when it has to wait)."""
+        if inline and peer not in self._boxes:  # the usual case, without the lock: one thread sends
+            try:  # (the service's) and a box goes only once empty, so the order stays
+                self.channel.send(message, peer, block=False)
+                return
+            except TransportTimeout:
+                inline = False
+            except Exception:  # the peer left: its loss is handled by the peer event
+                return
         with self._lock:
             box = self._boxes.get(peer)
             new = box is None
@@ -69,6 +78,8 @@ class Outboxes:
                 box = self._boxes[peer] = _Outbox()
                 threading.Thread(target=self._drain, args=(peer, box), name=f"fiber-{self.name.split()[0]}-slow",
                                  daemon=True).start()
+            if callable(size):
+                size = size()
             box.messages.append((message, size))
             box.bytes += size
             over = box.bytes
