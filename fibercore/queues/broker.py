@@ -73,6 +73,11 @@ STUCK_AFTER = 30.0
 OUTBOX_BYTES = 64 << 20
 
 
+def _replies_bytes(messages: list[tuple[int, list[Any]]]) -> int:
+    """The bytes of a frame of replies (its items, mostly)."""
+    return sum(item_bytes(parts) for _op, parts in messages)
+
+
 class Reader:
     __slots__ = ("leased", "acked", "recalled", "asked", "mute")
 
@@ -120,7 +125,8 @@ class Broker:
         self.address = self.channel.address
         self.channel.on_peer_event(self._peer_event)
         # Readers whose replies wait for room, each with a sending thread of its own.
-        self.slow = Outboxes(self.channel, f"queue {qid[:8]}", max(self.budget, OUTBOX_BYTES), self._slow_reader)
+        self.slow = Outboxes(self.channel, f"queue {qid[:8]}", max(self.budget, OUTBOX_BYTES), self._slow_reader,
+                             sizer=_replies_bytes)
         self.closed = False
         self.peers = 0
         self.departed: deque[tuple[Hashable, float]] = deque()
@@ -597,7 +603,7 @@ class Broker:
     def _deliver(self, peer: Hashable, messages: list[tuple[int, list[Any]]]) -> None:
         """Send now, or into the reader's own outbox when its connection is full: one stopped
         reader holds up no other, and is dropped when stuck (:data:`STUCK_AFTER`)."""
-        self.slow.deliver(peer, messages, lambda: sum(item_bytes(parts) for _op, parts in messages))
+        self.slow.deliver(peer, messages)
 
     def _slow_reader(self) -> None:
         with self.cv:

@@ -38,12 +38,14 @@ class Outboxes:
     """The slow peers of one channel, each with its outbox and sending thread."""
 
     def __init__(self, channel: Any, name: str, max_bytes: int, on_slow: Callable[[], None],
-                 describe: Callable[[Hashable], str] = repr) -> None:
+                 describe: Callable[[Hashable], str] = repr,
+                 sizer: Callable[[list[Any]], int] | None = None) -> None:
         self.channel = channel
         self.name = name  # for thread names and the log: "queue 1a2b3c4d", "synchronization service"
         self.max_bytes = max_bytes
         self.on_slow = on_slow  # a peer became slow: the service looks every second from now on
         self.describe = describe
+        self.sizer = sizer  # a message's bytes, counted only when it has to wait (deliver's size None)
         self._boxes: dict[Hashable, _Outbox] = {}
         self._lock = threading.Lock()
 
@@ -51,10 +53,10 @@ class Outboxes:
         """Whether a peer is slow now (the service then calls :meth:`check_stuck` every second)."""
         return bool(self._boxes)
 
-    def deliver(self, peer: Hashable, message: list[Any], size: int | Callable[[], int], inline: bool = True) -> None:
+    def deliver(self, peer: Hashable, message: list[Any], size: int | None = None, inline: bool = True) -> None:
         """Send ``message`` (a frame's messages) to ``peer`` now if it has room and nothing of it
-        waits (and ``inline``), else queue it for the peer's sending thread. ``size``: its bytes,
-        or how to count them (counted only when it has to wait)."""
+        waits (and ``inline``), else queue it for the peer's sending thread. ``size``: its bytes
+        (None: counted by ``sizer``, only when it has to wait)."""
         if inline and peer not in self._boxes:  # the usual case, without the lock: one thread sends
             try:  # (the service's) and a box goes only once empty, so the order stays
                 self.channel.send(message, peer, block=False)
@@ -78,8 +80,8 @@ class Outboxes:
                 box = self._boxes[peer] = _Outbox()
                 threading.Thread(target=self._drain, args=(peer, box), name=f"fiber-{self.name.split()[0]}-slow",
                                  daemon=True).start()
-            if callable(size):
-                size = size()
+            if size is None:
+                size = self.sizer(message) if self.sizer is not None else 0
             box.messages.append((message, size))
             box.bytes += size
             over = box.bytes
