@@ -52,7 +52,7 @@ import pynng
 
 from fibercore.errors import AuthenticationError, TransportClosed, TransportError, TransportTimeout
 from fibercore.transport import MAX_HANDSHAKE_FRAME
-from fibercore.wire.admission import SHED_AGE, make_room, peer_identity
+from fibercore.wire.admission import make_room, peer_identity
 
 if TYPE_CHECKING:
     from fibercore.transport import Authenticator, PeerCallback
@@ -79,6 +79,8 @@ TOKEN = 16
 SCAN_STEP = 0.25
 #: Descriptors the process may gain between two full looks at its connections.
 SCAN_MARGIN = 32
+#: Seconds a connection that is no pipe yet is safe from being ended (seen at one look before).
+RAW_AGE = 0.2
 
 
 class _Wake:
@@ -429,6 +431,7 @@ class _Acceptor:
         self._next_look = 0.0
         self._look_above: int | None = None  # descriptors beyond which connections are looked at
         self._raw_since: dict[int, float] = {}  # inode -> when first seen, of connections not yet pipes
+        self._raw_seen = False  # such connections were beyond the limits at the last look
 
     def add(self, listener: NngListener) -> _Wake:
         """Serve ``listener``; the wake-up pipe its connections' callbacks write to."""
@@ -488,14 +491,14 @@ class _Acceptor:
         ``max_pending_per_peer`` per peer or ``max_pending`` in all, the oldest are ended."""
         if now < self._next_look or not listeners:
             return
-        self._next_look = now + SCAN_STEP
+        self._next_look = now + (SCAN_STEP / 2.5 if self._raw_seen else SCAN_STEP)
         try:
             count = len(os.listdir("/proc/self/fd"))
         except OSError:
             return
         if self._look_above is None:
             self._look_above = count + SCAN_MARGIN
-        if count < self._look_above and not self._raw_since:
+        if count < self._look_above and not self._raw_seen:
             self._look_above = min(self._look_above, count + SCAN_MARGIN)
             return
         owner: dict[int, NngListener] = {}
@@ -519,11 +522,14 @@ class _Acceptor:
                 self._raw_since.pop(inode, None)
                 shed += 1
         self._look_above = count - shed + SCAN_MARGIN
+        self._raw_seen = shed > 0 or any(len(conns) > listener._auth.limits.max_pending_per_peer
+                                         for listener, conns in raw.items())
 
 
 def _beyond_limits(conns: list[tuple[float, str, int, int]], limits: Any, now: float) -> list[tuple[int, int]]:
     """(inode, descriptor) of the connections to end, oldest first: beyond the per-peer and
-    total limits, never one younger than SHED_AGE."""
+    total limits, never one seen for less than one look (:data:`SCAN_STEP`: nng makes a pipe
+    of a dialer's connection within a round trip)."""
     out: list[tuple[int, int]] = []
     by_peer: dict[str, list[tuple[float, str, int, int]]] = {}
     for conn in conns:
@@ -532,7 +538,7 @@ def _beyond_limits(conns: list[tuple[float, str, int, int]], limits: Any, now: f
     for group in by_peer.values():
         extra = len(group) - limits.max_pending_per_peer
         for conn in group:
-            if extra > 0 and now - conn[0] >= SHED_AGE:
+            if extra > 0 and now - conn[0] >= RAW_AGE:
                 out.append((conn[2], conn[3]))
                 extra -= 1
             else:
@@ -541,7 +547,7 @@ def _beyond_limits(conns: list[tuple[float, str, int, int]], limits: Any, now: f
     for conn in sorted(kept):
         if extra <= 0:
             break
-        if now - conn[0] >= SHED_AGE:
+        if now - conn[0] >= RAW_AGE:
             out.append((conn[2], conn[3]))
             extra -= 1
     return out
@@ -1109,7 +1115,9 @@ class NngDialer:
                     hello = bytes(req.recv())
                 except pynng.ConnectionRefused:
                     raise TransportError(f"nothing listens at {self.address}") from None
-                except pynng.Timeout:  # a listener slow to answer (a flood, a loaded machine): as busy
+                except (pynng.Timeout, pynng.ConnectionReset, pynng.ConnectionAborted, pynng.Closed):
+                    # A listener slow to answer (a flood, a loaded machine), or that ended this
+                    # connection before its greeting (it makes room by closing its oldest): as busy.
                     hello = _BUSY
                 except pynng.NNGException as exc:
                     raise TransportError(f"fiber-nng cannot reach {self.address}: {exc}") from None
