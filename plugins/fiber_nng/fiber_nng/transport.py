@@ -79,8 +79,6 @@ TOKEN = 16
 SCAN_STEP = 0.25
 #: Descriptors the process may gain between two full looks at its connections.
 SCAN_MARGIN = 32
-#: Seconds a connection that is no pipe yet is safe from being ended (seen at one look before).
-RAW_AGE = 0.2
 
 
 class _Wake:
@@ -488,7 +486,8 @@ class _Acceptor:
         names its protocol stays ~10 s in nng, unseen by any callback): every SCAN_STEP the
         process's descriptors are counted; when they grew by SCAN_MARGIN, or such connections
         were seen last time, each listener's are listed (/proc) and, beyond
-        ``max_pending_per_peer`` per peer or ``max_pending`` in all, the oldest are ended."""
+        ``max_pending_per_peer`` per peer or ``max_pending`` in all, the oldest are ended
+        (renewed at once, the newest stay: an age guard would let a flood keep them all)."""
         if now < self._next_look or not listeners:
             return
         self._next_look = now + (SCAN_STEP / 2.5 if self._raw_seen else SCAN_STEP)
@@ -517,7 +516,7 @@ class _Acceptor:
         self._raw_since = since
         shed = 0
         for listener, conns in raw.items():
-            for inode, fd in _beyond_limits(sorted(conns), listener._auth.limits, now):
+            for inode, fd in _beyond_limits(conns, listener._auth.limits):
                 _shut(fd, inode)
                 self._raw_since.pop(inode, None)
                 shed += 1
@@ -526,30 +525,23 @@ class _Acceptor:
                                          for listener, conns in raw.items())
 
 
-def _beyond_limits(conns: list[tuple[float, str, int, int]], limits: Any, now: float) -> list[tuple[int, int]]:
-    """(inode, descriptor) of the connections to end, oldest first: beyond the per-peer and
-    total limits, never one seen for less than one look (:data:`SCAN_STEP`: nng makes a pipe
-    of a dialer's connection within a round trip)."""
+def _beyond_limits(conns: list[tuple[float, str, int, int]], limits: Any) -> list[tuple[int, int]]:
+    """(inode, descriptor) of the connections to end: all but the newest
+    ``max_pending_per_peer`` of each peer and the newest ``max_pending`` in all. A dialer's
+    connection is a pipe within a round trip, so it is among the newest; one ended anyway
+    (a flood of newer ones) is seen by its dialer as a busy listener: it tries again."""
     out: list[tuple[int, int]] = []
     by_peer: dict[str, list[tuple[float, str, int, int]]] = {}
-    for conn in conns:
+    for conn in sorted(conns):
         by_peer.setdefault(conn[1], []).append(conn)
     kept: list[tuple[float, str, int, int]] = []
     for group in by_peer.values():
-        extra = len(group) - limits.max_pending_per_peer
-        for conn in group:
-            if extra > 0 and now - conn[0] >= RAW_AGE:
-                out.append((conn[2], conn[3]))
-                extra -= 1
-            else:
-                kept.append(conn)
-    extra = len(kept) - limits.max_pending
-    for conn in sorted(kept):
-        if extra <= 0:
-            break
-        if now - conn[0] >= RAW_AGE:
-            out.append((conn[2], conn[3]))
-            extra -= 1
+        cut = max(0, len(group) - limits.max_pending_per_peer)
+        out += [(conn[2], conn[3]) for conn in group[:cut]]
+        kept += group[cut:]
+    kept.sort()
+    cut = max(0, len(kept) - limits.max_pending)
+    out += [(conn[2], conn[3]) for conn in kept[:cut]]
     return out
 
 
@@ -593,6 +585,7 @@ class NngListener:
             self._front.close()
             raise TransportError(f"fiber-nng cannot listen on {bind_host}:{port}: {exc}") from None
         self.port = _port_of(listener)
+        _defer_accept(self.port)
         self._front_fd = int(self._front.recv_fd)
         scheme = TLS_SCHEME if transport.tls else SCHEME
         self.address = f"{scheme}{_bracket(advertise_host)}:{self.port}"
@@ -741,6 +734,7 @@ class NngListener:
         except pynng.NNGException:
             conn.close()
             return None
+        _defer_accept(_port_of(sock.listeners[0]))
         with self._lock:
             self._pending[conn] = (token, time.monotonic() + self._auth.limits.handshake_timeout, who)
         return conn
@@ -994,6 +988,53 @@ def _tcp_connections(ports: set[int]) -> list[tuple[int, int, int, str, int]]:
             host = socket.inet_ntop(socket.AF_INET if size == 4 else socket.AF_INET6, packed)
             found.append((lport, int(rport, 16), inode, host, inodes[inode]))
     return found
+
+
+#: Seconds the kernel keeps a connection that sent nothing before nng may accept it.
+DEFER_ACCEPT = 2
+
+
+def _defer_accept(port: int) -> None:
+    """Set TCP_DEFER_ACCEPT on this process's socket listening on ``port`` (nng's, found in
+    /proc): a connection that sends nothing waits in the kernel, costing no descriptor here
+    (a dialer names its protocol at once, so it is accepted as before). Linux only."""
+    option = getattr(socket, "TCP_DEFER_ACCEPT", None)
+    if option is None:
+        return
+    wanted = set()
+    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        try:
+            with open(table) as f:
+                for line in f.read().splitlines()[1:]:
+                    fields = line.split()
+                    if len(fields) >= 10 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                        wanted.add(int(fields[9]))
+        except OSError:
+            continue
+    if not wanted:
+        return
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:
+        return
+    for name in names:
+        try:
+            link = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            continue
+        if link.startswith("socket:[") and int(link[8:-1]) in wanted:
+            try:
+                dup = os.dup(int(name))
+            except OSError:
+                continue
+            sock = socket.socket(fileno=dup)
+            try:
+                if os.fstat(dup).st_ino in wanted:
+                    sock.setsockopt(socket.IPPROTO_TCP, option, DEFER_ACCEPT)
+            except OSError:
+                pass
+            finally:
+                sock.close()  # the duplicate only
 
 
 def _shut(fd: int, inode: int) -> None:
