@@ -1463,7 +1463,8 @@ def test_nng_front_sockets_held_without_proof_are_shed(local_user, tmp_path, mod
           f"max {samples[-1]} ({ports} listeners); attacker {got}")
     assert not os.path.exists(canary)
     assert got["held_most"] >= 32, got  # at least one listener's front took that many
-    assert max(during) < max(5.0, 10 * reference), (during, reference)
-    assert after < max(5.0, 10 * reference), after
-    # Bounded: per listener about max_pending_per_peer (32) held for long, not per_port.
-    assert samples[len(samples) // 2] - base < max(64, got["held_most"] / 3), (base, samples, got)
+    assert max(during) < max(5.0, 3 * reference), (during, reference)
+    assert after < max(5.0, 3 * reference), after
+    # Bounded: silent connections wait in the kernel, the rest beyond 32 per listener are
+    # ended (ae64460: a median of 198-224 more, up to 811, for 200 per listener held).
+    assert samples[len(samples) // 2] - base < 150, (base, samples, got)
