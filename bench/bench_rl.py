@@ -21,6 +21,9 @@ which is the usual RL set-up of more simulators than cores):
   apply    one apply_async round trip on Pool(N)
   smallnp  Pool(N).map of 64 (numpy array of 8 floats, int) tuples: time per map
   chunk1   Pool(64) and Pool(128) (--quick: 64 only), busy 1 ms tasks with chunksize=1: tasks/s
+  strag    smallnp's maps while one worker runs a task of 1 s of CPU (a long episode among
+           short ones): time per map
+  mixed    Pool(N).map of 1,000 busy tasks, the first 300 ms, the others 0.2 ms: seconds
   noop     Pool(64) and Pool(128), a map of 200,000 no-op items: items/s
   idle     an idle Pool(4) for 10 s (--quick: 5 s): CPU milliseconds of the master and its workers
   start    8 Process objects started to their first message
@@ -266,6 +269,32 @@ def small_numpy(lib: Any, workers: int, maps: int) -> float:
         return (time.perf_counter() - t0) / maps * 1e3
 
 
+def straggler(lib: Any, workers: int, maps: int) -> float:
+    """smallnp's maps while one worker is busy with a long task (submitted first)."""
+    import numpy as np
+
+    items = [(np.arange(8, dtype=np.float64), k) for k in range(64)]
+    with lib.Pool(workers) as pool:
+        for _ in range(5):
+            pool.map(T.small_numpy, items)
+        long = pool.apply_async(T.busy, (1000.0,))
+        t0 = time.perf_counter()
+        for _ in range(maps):
+            pool.map(T.small_numpy, items)
+        took = (time.perf_counter() - t0) / maps * 1e3
+        long.get()
+        return took
+
+
+def mixed_map(lib: Any, workers: int) -> float:
+    """One map whose first task is long and the rest short: seconds to its end."""
+    with lib.Pool(workers) as pool:
+        pool.map(T.noop, range(workers * 2), 1)
+        t0 = time.perf_counter()
+        pool.map(T.busy, [300.0] + [0.2] * 999)
+        return time.perf_counter() - t0
+
+
 def chunk1(lib: Any, workers: int, tasks: int) -> float:
     with lib.Pool(workers) as pool:
         pool.map(T.noop, range(workers * 2), 1)  # every worker up
@@ -432,7 +461,8 @@ def plot(path: str) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("sections", nargs="*",
-                        help="ppo vecenv pipe queue qrate prate apply smallnp chunk1 noop idle start uss es cma")
+                        help="ppo vecenv pipe queue qrate prate apply smallnp strag mixed chunk1 noop idle start uss "
+                             "es cma")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--methods", default=",".join(METHODS), help="multiprocessing start methods to compare")
@@ -441,8 +471,8 @@ def main() -> int:
     methods = tuple(m for m in args.methods.split(",") if m)
     ROUNDS[0] = args.rounds
     libs = libraries(methods)
-    want = set(args.sections) or {"ppo", "vecenv", "pipe", "queue", "qrate", "prate", "apply", "smallnp", "chunk1",
-                                  "noop", "idle", "start", "uss", "es", "cma"}
+    want = set(args.sections) or {"ppo", "vecenv", "pipe", "queue", "qrate", "prate", "apply", "smallnp", "strag",
+                                  "mixed", "chunk1", "noop", "idle", "start", "uss", "es", "cma"}
     quick = args.quick
     few, many = CORES, 4 * CORES
     print(f"{CORES} cores; rounds {args.rounds}; regimes: {few} and {many} processes", flush=True)
@@ -477,6 +507,13 @@ def main() -> int:
         for n in (few, many):
             measure("smallnp", f"Pool({n})", "ms/map", "lower", libs, m,
                     partial(small_numpy, workers=n, maps=20 if quick else 50))
+    if "strag" in want:
+        for n in (few, many):
+            measure("strag", f"Pool({n})", "ms/map", "lower", libs, m,
+                    partial(straggler, workers=n, maps=10 if quick else 20))
+    if "mixed" in want:
+        for n in (few, many):
+            measure("mixed", f"Pool({n})", "s", "lower", libs, m, partial(mixed_map, workers=n))
     if "chunk1" in want:
         for n in (64,) if quick else (64, 128):
             measure("chunk1", f"Pool({n})", "tasks/s", "higher", libs, m,

@@ -15,11 +15,10 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from fibercore import admin
+from fibercore import admin, dashboard
 from fibercore.backendkit import MASTER_LABEL, master_label
 from fibercore.errors import BackendUnavailableError, JobStartError, ProcessError
 from fibercore.meta import get_meta
-from fibercore.observe import recorder
 from fibercore.runtime import get_runtime
 from fibercore.serialization import describe, dumps_or_explain
 from fibercore.types import Job, JobSpec, JobStatus
@@ -62,7 +61,7 @@ class JobPopen:
     def __init__(self, process: Process) -> None:
         # From its first job on, fiber top finds the program (and the dashboard, when asked
         # for, is up before that job runs).
-        recorder.master_started()
+        dashboard.master_started()
         rt = get_runtime()
         self._rt = rt
         self.returncode: int | None = None

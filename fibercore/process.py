@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from fibercore.errors import ProcessError
+from fibercore.observe import registry
 from fibercore.util import exitcode_name
 
 _counter = itertools.count(1)
@@ -504,3 +505,14 @@ __all__ = [
     "current_process",
     "parent_process",
 ]
+
+
+def _started() -> list[registry.Started]:
+    """The started Processes, for ``fiber top`` and the dashboard (:mod:`fibercore.observe.registry`)."""
+    with _children_lock:
+        found = list(_children)
+    return [registry.Started(p.name, getattr(p._popen, "job", None), getattr(p._popen, "returncode", None))
+            for p in found]
+
+
+registry.provide("jobs", _started)

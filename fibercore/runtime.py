@@ -9,9 +9,11 @@ backend delivered (``FIBER_SESSION``; the secret from an inherited descriptor
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import secrets
+import stat
 import threading
 from typing import Any
 
@@ -146,11 +148,41 @@ def _setup_logging(cfg: _config.Config, process_name: str | None = None) -> None
         handler: logging.Handler = logging.StreamHandler(sys.stdout)
     else:
         os.makedirs(os.path.dirname(os.path.abspath(target)), exist_ok=True)
-        handler = logging.FileHandler(target, mode="a")
+        stream = _open_log(target)
+        if stream is None:
+            return
+        handler = logging.StreamHandler(stream)
     handler._fiber = target  # type: ignore[attr-defined]
     handler.setFormatter(logging.Formatter(
         "%(asctime)s %(levelname)s:%(processName)s(%(process)d):%(threadName)s %(name)s: %(message)s"))
     logger.addHandler(handler)
+
+
+def _open_log(target: str) -> Any:
+    """The log file ``target`` opened for appending, or None (one WARNING line on stderr) when
+    it is a link, not a regular file, or another user's: a name in a directory others can
+    write (``/tmp``) may have been made by someone else first. Made with mode 0600."""
+    import sys
+
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+    why = ""
+    try:
+        fd = os.open(target, flags, 0o600)
+    except OSError as exc:
+        why = os.strerror(exc.errno or 0) if exc.errno != errno.ELOOP else "it is a symbolic link"
+    else:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            why = "it is not a regular file"
+        elif st.st_uid != os.geteuid():
+            why = f"it belongs to uid {st.st_uid}"
+        else:
+            os.set_blocking(fd, True)
+            return os.fdopen(fd, "a", buffering=1, encoding="utf-8")
+        os.close(fd)
+    sys.stderr.write(f"fibercore: WARNING: not logging to {target}: {why}; set log_file to a path in a "
+                     "directory only you can write\n")
+    return None
 
 
 def _main_process_name() -> str:
@@ -325,9 +357,9 @@ def init(**kwargs: Any) -> _config.Config:
             new.session, new.secret, new.is_worker = _runtime.session, _runtime.secret, _runtime.is_worker
         _runtime = new
     if new.config.get("dashboard") and not new.is_worker:
-        from fibercore.observe.recorder import dashboard_if_asked
+        from fibercore import dashboard
 
-        dashboard_if_asked()
+        dashboard.if_asked()
     return new.config
 
 

@@ -18,7 +18,10 @@ its ``initargs``), and at its exit; a process that mapped it keeps reading its
 mapping. After SIGKILL of the creator, Python's resource tracker removes it, and
 ``fiber cleanup`` or the next program on the machine removes what is still left
 (:func:`sweep`). A file found under the name is used only if this user owns it, no
-one else may read or write it, and it starts with the handle's tag.
+one else may read or write it, and it starts with the handle's tag
+(:func:`fibercore.shm.open_segment`); the creator serves reads from the descriptor it made
+the segment with, and after :meth:`Shared.release` answers "released", never with the file
+that may now be under the name.
 
 Large numpy arrays in a Pool's ``initargs`` are shared this way without being asked
 (:func:`share_large`), mapped copy-on-write: each worker sees a writable array, as
@@ -40,18 +43,17 @@ from typing import Any
 
 import cloudpickle
 
+from fibercore import shm
 from fibercore.lifetime import at_process_end
 from fibercore.sync.handles import Handle
 from fibercore.sync.states import State
-from fibercore.util import machine_identity, not_our_segment, process_start
+from fibercore.util import machine_identity
 
 log = logging.getLogger("fibercore.sharing")
 
-#: Where segments live (Linux's POSIX shared memory).
-SHM_DIR = "/dev/shm"
-#: Name prefix of segments made by fibercore: ``fcs-<pid>-<start ticks>-<random>`` in the
-#: creating process, ``fcs-copy-<tag>`` for a copy read from elsewhere.
-PREFIX = "fcs-"
+#: Where segments live, and their names' prefix (:mod:`fibercore.shm`).
+SHM_DIR = shm.SHM_DIR
+PREFIX = shm.PREFIX
 #: The segment's layout: tag, pickle length, number of buffers; then (offset, length)
 #: of each buffer; then the pickle; then the buffers, each at a multiple of ALIGN.
 _HEAD = struct.Struct("<16sQQ")
@@ -80,13 +82,15 @@ def _pack(obj: Any) -> tuple[bytes, list[pickle.PickleBuffer], list[tuple[int, i
     return data, buffers, spans, max(pos, 1)
 
 
-def _create(obj: Any) -> tuple[str, bytes, int]:
-    """Write ``obj`` into a new segment: its name, tag and size."""
+def _create(obj: Any) -> tuple[str, bytes, int, int]:
+    """Write ``obj`` into a new segment: its name, tag, size, and a descriptor of it that the
+    creator keeps to serve reads (never the name again: another user may plant a file there
+    once it is removed)."""
     data, buffers, spans, size = _pack(obj)
     tag = os.urandom(16)
-    name = f"{PREFIX}{os.getpid()}-{process_start(os.getpid()) or 0}-{os.urandom(6).hex()}"
-    path = os.path.join(SHM_DIR, name)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    name = shm.new_name("o")
+    path = shm.segment_path(name)
+    fd = shm.create_segment(name)
     try:
         _track(name)
         _reserve(fd, size, path)
@@ -100,11 +104,10 @@ def _create(obj: Any) -> tuple[str, bytes, int]:
                 mm[start:start + length] = buf.raw()
             mm[:_HEAD.size] = _HEAD.pack(tag, len(data), len(spans))  # last: the segment is complete
     except BaseException:
-        _unlink(name)
-        raise
-    finally:
+        _unlink(name, shm.identity(fd))
         os.close(fd)
-    return name, tag, size
+        raise
+    return name, tag, size, fd
 
 
 def _reserve(fd: int, size: int, path: str) -> None:
@@ -134,11 +137,10 @@ def _track(name: str) -> None:
         pass
 
 
-def _unlink(name: str) -> None:
-    try:
-        os.unlink(os.path.join(SHM_DIR, name))
-    except OSError:
-        pass
+def _unlink(name: str, made: tuple[int, int] | None = None) -> None:
+    """Remove segment ``name`` if it is still the file made here (``made``), and let the
+    resource tracker forget it."""
+    shm.remove_segment(name, made)
     try:
         from multiprocessing import resource_tracker
 
@@ -158,24 +160,16 @@ def _forget_map(key: tuple[str, bool], _ref: Any) -> None:
     _maps.pop(key, None)
 
 
-def _open_checked(path: str, tag: bytes, size: int) -> int | None | bool:
-    """A read-only descriptor of ``path`` when it is this object's segment; None when it is
+def _open_checked(name: str, tag: bytes, size: int) -> int | None | bool:
+    """A read-only descriptor of segment ``name`` when it is this object's; None when it is
     not there or not complete yet (its tag is written last); False when it is not ours
-    (another owner, access for others, too small): never used."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-    except OSError:
-        return None
-    try:
-        why = not_our_segment(fd, tag, size)
-    except OSError:
-        why = "tag"
-    if why is None:
+    (a link, another owner, access for others, too small): never used."""
+    fd, why = shm.open_segment(name, tag, size)
+    if fd is not None:
         return fd
-    os.close(fd)
-    if why == "tag":
+    if why in ("missing", "tag"):
         return None
-    log.warning("%s is not the segment of this shared object (%s): not used", path, why)
+    log.warning("%s/%s is not the segment of this shared object (%s): not used", shm.SHM_DIR, name, why)
     return False
 
 
@@ -199,24 +193,33 @@ def _load(mm: mmap.mmap, private: bool) -> Any:
 
 class SharedState(State):
     """The creating process's side, in its synchronization service: bytes of the segment for
-    processes that cannot map it."""
+    processes that cannot map it, read from the descriptor made at creation (never by name)."""
 
     kind = "shared object"
 
-    def __init__(self, name: str, size: int) -> None:
+    def __init__(self, name: str, size: int, fd: int) -> None:
         self.name = name
         self.size = size
-        self._mm: mmap.mmap | None = None
+        self._fd: int | None = fd
+        self._made = shm.identity(fd)
+        self._closer = weakref.finalize(self, os.close, fd)
+
+    def describe(self) -> str:
+        return f"{self.name}, {self.size:,} bytes" + (", released" if self._fd is None else "")
 
     def op_read(self, w: Any, offset: int, length: int) -> bytes:
-        if self._mm is None:
-            fd = os.open(os.path.join(SHM_DIR, self.name), os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                self._mm = mmap.mmap(fd, self.size, prot=mmap.PROT_READ)
-            finally:
-                os.close(fd)
+        if self._fd is None:
+            raise ReferenceError(f"the shared object {self.name} was released by its creator (Shared.release()): "
+                                 "release it only once no process will read it again (a new Pool worker does)")
         offset = max(0, min(int(offset), self.size))
-        return self._mm[offset:offset + max(0, min(int(length), CHUNK))]
+        return os.pread(self._fd, max(0, min(int(length), CHUNK, self.size - offset)), offset)
+
+    def op_release(self, w: Any) -> None:
+        """Remove the segment (if still the file made here) and stop serving it."""
+        _unlink(self.name, self._made)
+        if self._fd is not None:
+            self._fd = None
+            self._closer()
 
 
 class Shared(Handle):
@@ -235,11 +238,12 @@ class Shared(Handle):
     _private: bool
 
     def __init__(self, obj: Any) -> None:
-        self._name, self._tag, self._size = _create(obj)
+        self._name, self._tag, self._size, fd = _create(obj)
         self._machine = machine_identity()
         self._private = False
-        self._create(SharedState(self._name, self._size))
-        weakref.finalize(self, _unlink, self._name)
+        state = SharedState(self._name, self._size, fd)
+        self._create(state)
+        weakref.finalize(self, _unlink, self._name, state._made)
 
     @property
     def nbytes(self) -> int:
@@ -266,10 +270,10 @@ class Shared(Handle):
         """The creator's segment, when this process shares its machine's ``/dev/shm``."""
         if not self._machine or self._machine != machine_identity():
             return None
-        fd = _open_checked(os.path.join(SHM_DIR, self._name), self._tag, self._size)
+        fd = _open_checked(self._name, self._tag, self._size)
         if fd is None or fd is False:
             if not self._remote():
-                raise ReferenceError(f"the shared object's segment {SHM_DIR}/{self._name} is gone")
+                raise ReferenceError(f"the shared object's segment {shm.SHM_DIR}/{self._name} is gone (released)")
             return None
         try:
             return _map_fd(fd, self._size, self._private)
@@ -279,37 +283,39 @@ class Shared(Handle):
     def _copy_here(self) -> mmap.mmap:
         """A copy on this machine, read from the creator once for every process here: the first
         process to ask makes it, the others wait for it and map it."""
-        name = f"{PREFIX}copy-{self._tag.hex()}"
-        path = os.path.join(SHM_DIR, name)
+        name = f"{shm.COPY_PREFIX}{self._tag.hex()}"
+        path = shm.segment_path(name)
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            fd = shm.create_segment(name)
         except FileExistsError:
-            found = self._wait_for_copy(path)
+            found = self._wait_for_copy(name)
             if found is not None:
                 return found
             return self._read_into(None)  # the copying process died: a copy of its own
         except OSError:  # no /dev/shm here: a copy in this process's memory
             return self._read_into(None)
+        made = shm.identity(fd)
         try:
             _track(name)
-            at_process_end(lambda: _unlink(name))
+            at_process_end(lambda: _unlink(name, made))
             _reserve(fd, self._size, path)
         except OSError:  # no room in this machine's /dev/shm: a copy in this process's memory
-            _unlink(name)
+            _unlink(name, made)
             os.close(fd)
             return self._read_into(None)
         try:
             return self._read_into(fd)
         except BaseException:
-            _unlink(name)
+            _unlink(name, made)
             raise
         finally:
             os.close(fd)
 
-    def _wait_for_copy(self, path: str) -> mmap.mmap | None:
+    def _wait_for_copy(self, name: str) -> mmap.mmap | None:
         deadline = time.monotonic() + COPY_WAIT
+        path = shm.segment_path(name)
         while time.monotonic() < deadline:
-            fd = _open_checked(path, self._tag, self._size)
+            fd = _open_checked(name, self._tag, self._size)
             if fd is False:
                 return None
             if fd is not None:
@@ -343,7 +349,7 @@ class Shared(Handle):
         """Remove the segment now (the creating process only); mappings stay readable."""
         if self._remote():
             raise ValueError("only the process that created a shared object can release it")
-        _unlink(self._name)
+        self._call("release")
 
     # -- pickling -----------------------------------------------------------------------------
     def _extra(self) -> tuple[Any, ...]:
@@ -428,35 +434,9 @@ def _numpy() -> Any:
 
 
 def sweep() -> list[str]:
-    """Remove this user's segments whose creating process is gone (after a SIGKILL that also
-    took Python's resource tracker); their names say who made them. The names removed."""
-    removed: list[str] = []
-    try:
-        names = os.listdir(SHM_DIR)
-    except OSError:
-        return removed
-    me = os.geteuid()
-    for name in names:
-        if not name.startswith(PREFIX) or name.startswith(PREFIX + "copy-"):
-            continue
-        fields = name[len(PREFIX):].split("-")
-        if len(fields) != 3 or not fields[0].isdigit():
-            continue
-        path = os.path.join(SHM_DIR, name)
-        try:
-            if os.stat(path).st_uid != me:
-                continue
-        except OSError:
-            continue
-        pid, ticks = int(fields[0]), fields[1]
-        if process_start(pid) == ticks:  # still running
-            continue
-        try:
-            os.unlink(path)
-            removed.append(name)
-        except OSError:
-            pass
-    return removed
+    """Remove this user's segments that nothing will use again (:func:`fibercore.shm.sweep`:
+    shared objects, boards and ``Value``s whose maker is gone, copies no process maps)."""
+    return shm.sweep()
 
 
 __all__ = ["CopyOnWrite", "Shared", "SharedState", "share_large", "shared", "sweep"]

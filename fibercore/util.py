@@ -93,25 +93,6 @@ def make_room_for_jobs(n: int, what: str) -> None:
                                           resource.getrlimit(resource.RLIMIT_NOFILE)[0], what)
 
 
-def not_our_segment(fd: int, tag: bytes, min_size: int) -> str | None:
-    """Why the shared-memory file ``fd`` is not the segment a handle names, or None when it is:
-    this user owns it, no one else may read or write it, it holds ``min_size`` bytes and
-    starts with ``tag`` (``"tag"`` when only that differs: a copy still being written, or a
-    file planted under the name)."""
-    import hmac
-
-    st = os.fstat(fd)
-    if st.st_uid != os.geteuid():
-        return f"owner {st.st_uid}"
-    if st.st_mode & 0o077:
-        return f"mode {st.st_mode & 0o777:o}"
-    if st.st_size < min_size:
-        return f"{st.st_size} bytes"
-    if not hmac.compare_digest(os.pread(fd, len(tag), 0), tag):
-        return "tag"
-    return None
-
-
 def process_start(pid: int) -> str:
     """Process ``pid``'s start time in clock ticks since boot ("" when it does not run): with
     its pid, who a process is (a pid alone may be reused)."""

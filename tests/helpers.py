@@ -267,3 +267,8 @@ def pipe_count_to_eof(conn: Any, results: Any, delay: float = 0.0) -> None:
             n += 1
     except EOFError:
         results.put(n)
+
+
+def take_n(q: Any, out: Any, n: int) -> None:
+    """Get ``n`` items from ``q`` and put the list of them on ``out``."""
+    out.put([q.get(timeout=120) for _ in range(n)])

@@ -109,3 +109,9 @@ def random_error_worker(i: int) -> int:
 
 def raise_value_error(message: str) -> None:
     raise ValueError(message)
+
+
+def wait_for(event: Any, timeout: float = 120) -> bool:
+    """A long task: runs until the test sets ``event`` (what it waits for is the test's
+    state, not a time)."""
+    return bool(event.wait(timeout))

@@ -55,3 +55,11 @@ def one_mapping(handle: Any, again: Any) -> bool:
 
 def value_of(handle: Any, out: Any) -> None:
     out.put(handle.value)
+
+
+def report_value(handle: Any, out: Any) -> None:
+    """Put ("ok", the value) or ("error", the exception's type and text) of ``handle.value``."""
+    try:
+        out.put(("ok", handle.value))
+    except Exception as exc:
+        out.put(("error", type(exc).__name__, str(exc)))

@@ -142,7 +142,8 @@ def test_the_dashboard_in_a_real_browser_shows_workers_moving_counts_and_a_jobs_
 
     prog = Program(tmp_path, {"FIBER_DASHBOARD": "1"})
     try:
-        found = wait_for(lambda: re.search(r"dashboard at (http://127\.0\.0\.1:\d+/)\?token=(\S+)", prog.output()),
+        found = wait_for(lambda: re.search(r"dashboard at (http://127\.0\.0\.1:\d+/[\w-]+/)\?token=(\S+)",
+                                           prog.output()),
                          30, "the dashboard's URL")
         base, token = found.group(1), found.group(2)
 
@@ -316,14 +317,63 @@ def test_the_status_directory_is_refused_when_it_is_a_link(tmp_path: Path, monke
         status.status_dir()
 
 
-def test_the_dashboard_without_aiohttp_says_how_to_install_it(tmp_path: Path) -> None:
+def test_the_dashboard_without_aiohttp_is_one_warning_line_and_the_program_goes_on(tmp_path: Path) -> None:
     code = ("import sys; sys.modules['aiohttp'] = None\n"
-            "import fibercore\n"
-            "try:\n    fibercore.init(dashboard=True)\n"
-            "except fibercore.ConfigError as exc:\n    print('ERR', exc)\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                         env={**os.environ, "FIBER_STATUS_DIR": str(tmp_path)})
-    assert "ERR the dashboard needs aiohttp" in out.stdout and "pip install 'fibercore[dashboard]'" in out.stdout, out
+            "import fibercore as mp\n"
+            "from fibercore import dashboard\n"
+            "if __name__ == '__main__':\n"
+            "    mp.init(dashboard=True)\n"
+            "    with mp.Pool(1) as pool:\n"
+            "        print('result', pool.apply(abs, (-5,)), dashboard.url())\n")
+    (tmp_path / "app.py").write_text(code)
+    out = subprocess.run([sys.executable, str(tmp_path / "app.py")], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "FIBER_STATUS_DIR": str(tmp_path / "status")}, cwd=tmp_path)
+    assert out.returncode == 0 and "result 5 None" in out.stdout, out
+    lines = [line for line in out.stderr.splitlines() if "dashboard" in line]
+    assert len(lines) == 1 and lines[0].startswith("fibercore: WARNING: no dashboard: the dashboard needs aiohttp"), out
+    assert "pip install 'fibercore[dashboard]'" in lines[0] and "Traceback" not in out.stderr, out
+
+
+def test_a_dashboard_port_in_use_is_one_warning_line(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        code = ("import fibercore as mp\n"
+                "from fibercore import dashboard\n"
+                "if __name__ == '__main__':\n"
+                f"    mp.init(dashboard=True, dashboard_port={port})\n"
+                "    with mp.Pool(1) as pool:\n"
+                "        print('result', pool.apply(abs, (-5,)), dashboard.url())\n")
+        (tmp_path / "app.py").write_text(code)
+        out = subprocess.run([sys.executable, str(tmp_path / "app.py")], capture_output=True, text=True,
+                             timeout=120, env={**os.environ, "FIBER_STATUS_DIR": str(tmp_path / "status")},
+                             cwd=tmp_path)
+    assert out.returncode == 0 and "result 5 None" in out.stdout, out
+    warned = [line for line in out.stderr.splitlines() if "WARNING" in line]
+    assert len(warned) == 1 and f"cannot listen on 127.0.0.1:{port}" in warned[0], out
+
+
+def test_fiber_top_renders_control_characters_escaped() -> None:
+    from fibercore.cli.top import printable, render
+
+    assert printable("a\x1b]52;c;eA==\x07\x9b2J\u202e\tz") == "a\\x1b]52;c;eA==\\x07\\x9b2J\\u202e\\tz"
+    snap = {"program": "prog\x1b]0;title\x07", "backend": "local", "time": 10.0, "started": 5.0,
+            "master": {"pid": 1, "cpu_percent": None, "rss_bytes": None},
+            "pools": [{"name": "P\x1b[2J", "state": "running", "worker_counts": {"busy": 0, "idle": 1, "starting": 0,
+                                                                               "dead": 0},
+                       "stats": {"done_tasks": 0, "failed_tasks": 1, "retried_chunks": 0, "rerun_after_error": 0},
+                       "queued": 0, "running": 0, "tasks_per_s": None, "broken": None,
+                       "last_error": {"time": 1.0, "text": "ValueError: \x1b]52;c;ZXZpbA==\x07"}}],
+            "jobs": [{"name": "j\x07", "role": "process", "backend": "local", "jid": 1, "host": "h\x1b",
+                      "state": "running", "cpu_percent": None, "rss_bytes": None}],
+            "queues": [], "managers": [], "sync": []}
+    lines = render([{"session": "s\x1bx", "pid": 1}], {"s\x1bx": snap})
+    text = "\n".join(lines)
+    assert not any(ch in text for ch in "\x1b\x07\x9b"), text
+    assert "\\x1b]52;c;ZXZpbA==\\x07" in text and "prog\\x1b]0;title\\x07" in text, text
 
 
 def test_fiber_run_dashboard_starts_it_in_the_master_it_runs(tmp_path: Path) -> None:
@@ -339,8 +389,8 @@ def test_fiber_run_dashboard_starts_it_in_the_master_it_runs(tmp_path: Path) -> 
                          env={**os.environ, "FIBER_STATUS_DIR": str(tmp_path / "status")})
     assert out.returncode == 0, out
     assert "result 7 url True" in out.stdout, out
-    assert re.search(r"^fibercore: dashboard at http://127\.0\.0\.1:\d+/\?token=\S{20,}$", out.stderr + out.stdout,
-                     re.M), out
+    assert re.search(r"^fibercore: dashboard at http://127\.0\.0\.1:\d+/[\w-]{12,}/\?token=\S{20,}$",
+                     out.stderr + out.stdout, re.M), out
 
 
 @pytest.mark.forks_master
@@ -363,3 +413,29 @@ def test_a_child_forked_from_a_master_leaves_the_masters_status_alone(tmp_path: 
         assert [s["pid"] for s in status.sessions()] == [os.getpid()]
     found.close()
     rec_mod._recorder = None
+
+
+def test_observe_never_imports_the_dashboard_nor_other_modules_privates() -> None:
+    """The dashboard depends on observe, never the other way; the snapshot reads through the registry."""
+    import ast
+
+    root = Path(mp.__file__).parent / "observe"
+    for path in root.glob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            assert not any(n.startswith("fibercore.dashboard") or n == "fibercore.dashboard" for n in names), path
+            if isinstance(node, ast.ImportFrom) and node.module == "fibercore":
+                assert not any(a.name == "dashboard" for a in node.names), path
+    snapshot = (root / "snapshot.py").read_text()
+    for private in ("_children", "brokers", "_service", "_popen"):
+        assert private not in snapshot, private
+    code = ("import sys, fibercore.observe.recorder, fibercore.observe.snapshot, fibercore.observe.status, "
+            "fibercore.cli.top\nprint('fibercore.dashboard' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "False", out

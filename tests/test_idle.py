@@ -47,10 +47,19 @@ PROGRAM = """
             shared, event = manager.dict(), mp.Event()
             waiter = mp.Process(target=wait_for_event, args=(event, shared))  # waits in event.wait()
             waiter.start()
-            time.sleep(2.0)  # settled
             pids = [("master", os.getpid()), ("reader", reader.pid), ("collector", collector.pid),
                     ("waiter", waiter.pid), ("manager", manager._process.pid),
                     *(("worker", w.pid) for w in pool.workers())]
+            # Settled: wait for a second in which nothing but this thread's own sleep woke
+            # (on a busy machine the start takes longer; a thread that wakes on a timer never
+            # settles, and the 4 s below then show it).
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                start = switches(pids)
+                time.sleep(1.0)
+                end = switches(pids)
+                if sum(end[t] - start[t] for t in end if t in start and end[t] > start[t]) <= 1:
+                    break
             before = switches(pids)
             time.sleep(4.0)
             after = switches(pids)

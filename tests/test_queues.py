@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import queue
 import time
 
@@ -10,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import fibercore as mp
-from tests.helpers import drain, eventually, get_one_then_sleep, joinable_worker, put_items
+from tests.helpers import drain, eventually, get_one_then_sleep, joinable_worker, put_items, take_n
 
 
 def test_local_put_get_fifo():
@@ -278,10 +279,13 @@ class _RawReader:
     def __init__(self, q):
         self.channel = mp.get_runtime().dial("router", q._address, None, service="queue")
         self.consumed = 0
+        self.told = 0  # the consumed count this reader last acknowledged
 
     def send(self, op, *words):
-        from fibercore.queues.protocol import u64
+        from fibercore.queues.protocol import ACK, u64
 
+        if op == ACK:
+            self.told = words[0]
         self.channel.send([(op, [u64(w) for w in words])])
 
     def get(self, want=4096, standing=False):
@@ -289,8 +293,10 @@ class _RawReader:
 
         self.send(GET, want, self.consumed, 0, *([1] if standing else []))
 
-    def messages(self, timeout):
-        """What arrives within ``timeout`` seconds: (op, item) pairs."""
+    def messages(self, timeout, answer_counts=True):
+        """What arrives within ``timeout`` seconds: (op, item) pairs. A COUNT (the creator's
+        qsize asks what was consumed) is answered with what was last acknowledged and left
+        out, unless ``answer_counts`` is false: then it is returned as (COUNT, its id)."""
         from fibercore.errors import TransportTimeout
 
         got = []
@@ -301,6 +307,16 @@ class _RawReader:
             except TransportTimeout:
                 break
             for op, parts in messages:
+                from fibercore.queues.protocol import COUNT, read_u64
+
+                if op == COUNT and answer_counts:
+                    from fibercore.queues.protocol import COUNTED
+
+                    self.send(COUNTED, read_u64(parts[0]), self.told)
+                    continue
+                if op == COUNT:
+                    got.append((op, read_u64(parts[0])))
+                    continue
                 item = mp.get_runtime().serializer.loads(parts) if parts else None
                 got.append((op, item))
             if got:
@@ -346,7 +362,7 @@ def test_a_sole_readers_standing_get_takes_each_item_as_it_is_put_until_another_
     goes to it at once, with no GET per item, and ACK tells what it consumed. A second reader
     ends it: the standing GET's last answer carries DONE, and the next item is the newcomer's."""
     from fibercore.queues.broker import brokers
-    from fibercore.queues.protocol import ACK, DONE, ITEM, RECALL
+    from fibercore.queues.protocol import ACK, COUNT, COUNTED, DONE, ITEM, RECALL
 
     q = mp.Queue()
     a, b = _RawReader(q), None
@@ -356,7 +372,14 @@ def test_a_sole_readers_standing_get_takes_each_item_as_it_is_put_until_another_
         for i in range(3):
             q.put(i)
             assert a.messages(10) == [(ITEM, i)]
-        assert q.qsize() == 3  # lent, not acknowledged
+        # The creator's qsize asks the reader what it consumed (COUNT) and waits for COUNTED:
+        # nothing yet, so the three lent items still count.
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            size = pool.submit(q.qsize)
+            (op, req), = a.messages(10, answer_counts=False)
+            assert op == COUNT
+            a.send(COUNTED, req, 0)
+            assert size.result(timeout=10) == 3  # lent, not acknowledged
         a.send(ACK, 3)
         eventually(lambda: q.qsize() == 0)
         b = _RawReader(q)
@@ -446,3 +469,33 @@ def test_a_getter_of_a_queue_whose_channel_closed_waits_instead_of_spinning():
     with pytest.raises(queue.Empty):
         q.get(timeout=1.0)
     assert time.monotonic() - started >= 0.9 and time.thread_time() - cpu < 0.5
+
+
+def test_a_reader_that_reads_nothing_holds_up_no_other_and_its_items_come_back(monkeypatch):
+    """A reader that asks and asks but never reads its connection (stopped, or hostile) fills
+    it; replies to it wait in its own outbox, so a second reader is served meanwhile, and
+    once it has taken nothing for STUCK_AFTER seconds it is dropped and what it was lent
+    goes to the others (no item lost, none twice)."""
+    from fibercore.queues import broker as B
+    from fibercore.queues.protocol import GET
+
+    monkeypatch.setattr(B, "STUCK_AFTER", 2.0)
+    q, out = mp.Queue(), mp.Queue()
+    silent = _RawReader(q)
+    try:
+        items = [bytes([i % 251]) * 4096 + i.to_bytes(4, "little") for i in range(3000)]
+        for item in items[:2000]:
+            q.put(item)
+        for _ in range(200):  # each GET is granted items; none is read
+            silent.send(GET, 4096, 0, 0)
+        broker = B.brokers[q._qid]
+        eventually(lambda: not broker.items, timeout=60)  # everything is lent to it, or on its way
+        for item in items[2000:]:
+            q.put(item)
+        p = mp.Process(target=take_n, args=(q, out, len(items)))
+        p.start()
+        got = out.get(timeout=120)
+        p.join(60)
+        assert sorted(got) == sorted(items)  # the silent reader's items came back, once each
+    finally:
+        silent.channel.close()

@@ -1165,9 +1165,1026 @@ def test_os_system_under_fiber_run_inherits_no_secret(tmp_path):
     done = fiber("run", "--", "python", "prog.py", cwd=tmp_path, env={"FIBER_BACKEND": "local"})
     assert done.returncode == 0, done.stderr
     fd = (tmp_path / "fd.txt").read_text()
-    assert fd.isdigit()  # the master job got its secret this way ...
-    assert fd not in (tmp_path / "fds.txt").read_text().split()  # ... and its shell did not
+    # fibercore took the secret's descriptor before the program's first line (fiber run starts
+    # a Python master through fibercore.cli.boot): the program never sees its number
+    assert fd == "none"
     assert "FIBER_SECRET" not in (tmp_path / "env.txt").read_text()
+
+
+def test_os_system_before_import_fibercore_under_fiber_run_inherits_no_secret(tmp_path):
+    """The same with the shell command run before ``import fibercore`` (the program's first
+    line): `fiber run` starts a Python master through fibercore.cli.boot, which takes the
+    secret's descriptor before the program's code runs. The program still runs as ``python``
+    runs it: ``__main__``, ``sys.argv``, its directory first on ``sys.path``, a Pool of a
+    function it defines."""
+    from fibercore.testing.cli import fiber
+
+    (tmp_path / "prog.py").write_text(textwrap.dedent('''
+        import os
+        mine = {}
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                mine[fd] = os.readlink(f"/proc/self/fd/{fd}")
+            except OSError:  # the listing's own descriptor, closed by now
+                pass
+        open("fds.txt", "w").write(" ".join(sorted(mine)))
+        os.system("env > env.txt")
+        import sys
+        import fibercore as mp
+
+        def square(x):
+            return x * x
+
+        if __name__ == "__main__":
+            with mp.Pool(2) as pool:
+                got = pool.map(square, range(4))
+            here = os.path.dirname(os.path.abspath(__file__))
+            open("out.txt", "w").write(repr((got, sys.argv[1:], sys.path[0] == here)))
+    '''))
+    done = fiber("run", "--", "python", "-u", "prog.py", "a", "b", cwd=tmp_path, env={"FIBER_BACKEND": "local"})
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "out.txt").read_text() == repr(([0, 1, 4, 9], ["a", "b"], True))
+    # the program's first line finds only its standard streams: nothing a shell could inherit
+    assert (tmp_path / "fds.txt").read_text().split() == ["0", "1", "2"]
+    assert "FIBER_SECRET" not in (tmp_path / "env.txt").read_text()
+
+
+# -- surface: /dev/shm segments (shared objects, Value/Array, boards, copies) --------------------
+
+
+def attack_plant_released_segment(name: str, size: int, evil: bytes) -> dict:
+    """Under a freed segment name: a world-readable file laid out as a segment whose pickle
+    is ``evil`` (the tag is unknown: zeros), as large as the real one was."""
+    import struct as _struct
+
+    head = _struct.pack("<16sQQ", b"\0" * 16, len(evil), 0)
+    fd = os.open(f"/dev/shm/{name}", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    os.fchmod(fd, 0o644)
+    os.write(fd, (head + evil).ljust(size, b"\0"))
+    os.close(fd)
+    return {"planted": name}
+
+
+def test_a_file_planted_under_a_released_shared_objects_name_is_never_served(local_user, tmp_path):
+    """Row "shared object after release()": the creator released its segment and another user
+    planted a pickle under the freed name. A new reader (a replacement worker) refuses the
+    file, asks the creator, and gets "released": the creator never reopens the name."""
+    from tests import sharing_tasks as T
+
+    canary = tmp_path / "canary"
+    table = mp.shared(list(range(2000)))
+    name, size = table._name, table._size
+    table.release()
+    assert not os.path.exists(f"/dev/shm/{name}")
+    local_user.run(attack_plant_released_segment, name, size, pickle.dumps(Exploit(str(canary))))
+    try:
+        assert os.stat(f"/dev/shm/{name}").st_uid == local_user.uid
+        out = mp.Queue()
+        p = mp.Process(target=T.report_value, args=(table, out))
+        p.start()
+        got = out.get(timeout=60)
+        p.join(30)
+        assert got[0] == "error" and got[1] == "ReferenceError" and "released" in got[2], got
+        with pytest.raises(ReferenceError, match="released"):  # the creator itself: no mapping made before
+            _ = table.value
+        assert not canary.exists()
+        # the planted file is the attacker's: not removed by the creator's handle either
+        del table
+        import gc
+
+        gc.collect()
+        assert os.stat(f"/dev/shm/{name}").st_uid == local_user.uid
+        # the program goes on: a new shared object, Process and Queue work at once
+        fresh = mp.shared([1, 2, 3])
+        p = mp.Process(target=T.report_value, args=(fresh, out))
+        p.start()
+        assert out.get(timeout=60) == ("ok", [1, 2, 3])
+        p.join(30)
+    finally:
+        os.unlink(f"/dev/shm/{name}")
+
+
+def test_a_segment_is_opened_by_name_only_through_the_checks(local_user, tmp_path):
+    """Every kind of name a reader opens (a shared object's, a Value's, a board's, a copy's)
+    goes through shm.open_segment: a link, a FIFO, another user's file or a file others can
+    read is refused, before anything is read from it."""
+    from fibercore import shm
+
+    tag = os.urandom(16)
+    secret = tmp_path / "secret"
+    secret.write_bytes(tag + b"\0" * 100)
+    os.chmod(secret, 0o600)
+    names = {kind: f"fcs-1-1-{kind}-{os.urandom(6).hex()}" for kind in ("link", "fifo", "theirs")}
+    local_user.run(attack_plant_kinds, names, str(secret))
+    try:
+        for kind, name in names.items():
+            fd, why = shm.open_segment(name, tag, 16)  # a FIFO would block a reader forever
+            assert fd is None and why not in (None, "missing", "tag"), (kind, why)
+        with pytest.raises(ValueError):
+            shm.segment_path("../etc/passwd")
+    finally:
+        for name in names.values():
+            os.unlink(f"/dev/shm/{name}")
+
+
+def attack_plant_kinds(names: dict, target: str) -> dict:
+    os.symlink(target, f"/dev/shm/{names['link']}")
+    os.mkfifo(f"/dev/shm/{names['fifo']}", 0o600)
+    fd = os.open(f"/dev/shm/{names['theirs']}", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    os.write(fd, b"\0" * 100)
+    os.close(fd)
+    return {}
+
+
+_KILLED_GROUP = textwrap.dedent("""
+    import os, signal
+    import numpy as np
+    import fibercore as mp
+    from fibercore.paramserver.board import Board
+    handle = mp.shared(np.ones(1000))
+    board = Board({"w": np.zeros(100)})
+    value = mp.RawValue("i", 7)
+    print(handle._name, board.name, value._segment, flush=True)
+    os.killpg(0, signal.SIGKILL)  # the master and Python's resource tracker with it
+""")
+
+
+def test_fiber_cleanup_takes_boards_values_and_stale_copies_but_nothing_of_another_user(local_user, tmp_path):
+    """Row "/dev/shm sweep": after SIGKILL of a master's process group, ``fiber cleanup``
+    removes its shared object, its parameter-server board, its Value and copies no process
+    maps; never another user's file, a link, or a copy still in use."""
+    proc = subprocess.run([sys.executable, "-c", _KILLED_GROUP], capture_output=True, text=True,
+                          start_new_session=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    left = proc.stdout.split()
+    assert len(left) == 3 and all(os.path.exists(f"/dev/shm/{n}") for n in left)
+    stale = f"fcs-copy-{os.urandom(16).hex()}"
+    in_use = f"fcs-copy-{os.urandom(16).hex()}"
+    for name in (stale, in_use):
+        fd = os.open(f"/dev/shm/{name}", os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        os.write(fd, b"\0" * 64)
+        os.close(fd)
+    holder = subprocess.Popen([sys.executable, "-c", "import sys; f = open(sys.argv[1], 'rb'); sys.stdin.read()",
+                               f"/dev/shm/{in_use}"], stdin=subprocess.PIPE)
+    victim = tmp_path / "root-file"
+    victim.write_text("keep")
+    theirs = {"dead": "fcs-1-1-o-" + os.urandom(6).hex(), "link": "fcs-1-1-ps-" + os.urandom(6).hex(),
+              "copy": f"fcs-copy-{os.urandom(16).hex()}"}
+    local_user.run(attack_plant_for_sweep, theirs, str(victim))
+    try:
+        _wait_until_open(holder.pid, f"/dev/shm/{in_use}")
+        out = subprocess.run([sys.executable, "-m", "fibercore.cli", "cleanup"], capture_output=True,
+                             text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        for name in [*left, stale]:
+            assert not os.path.exists(f"/dev/shm/{name}"), name
+        assert os.path.exists(f"/dev/shm/{in_use}")
+        for name in theirs.values():
+            assert os.path.lexists(f"/dev/shm/{name}"), name
+        assert victim.read_text() == "keep"
+    finally:
+        holder.communicate(b"", timeout=30)
+        for name in [in_use, *theirs.values()]:
+            try:
+                os.unlink(f"/dev/shm/{name}")
+            except FileNotFoundError:
+                pass
+
+
+def attack_plant_for_sweep(names: dict, target: str) -> dict:
+    for key in ("dead", "copy"):
+        fd = os.open(f"/dev/shm/{names[key]}", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+        os.close(fd)
+    os.symlink(target, f"/dev/shm/{names['link']}")
+    return {}
+
+
+def _wait_until_open(pid: int, path: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if any(os.readlink(f"/proc/{pid}/fd/{fd}") == path for fd in os.listdir(f"/proc/{pid}/fd")):
+                return
+        except OSError:
+            pass
+        time.sleep(0.01)
+    raise AssertionError(f"process {pid} never opened {path}")
+
+
+# -- surface: dashboard and status directory --
+# The dashboard's port (connections, headers, Host, path prefix, cookie), the status
+# directory where a master and `fiber top` meet, and what `fiber top` prints. The master is
+# a real program (OBSERVED) under `ulimit -n 1024`; attacks run as the second local user.
+
+OBSERVED = textwrap.dedent('''
+    import json, os, resource, sys, time
+    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
+    import fibercore as mp
+    from fibercore import dashboard
+
+    def usage():
+        fds = len(os.listdir("/proc/self/fd"))
+        for line in open("/proc/self/status"):
+            if line.startswith("VmRSS:"):
+                return fds, int(line.split()[1]) // 1024
+        return fds, 0
+
+    def start_one():
+        """A Process that answers through a Queue: seconds it took, and the answer."""
+        t0 = time.monotonic()
+        q = mp.Queue()
+        p = mp.Process(target=q.put, args=("up",))
+        p.start()
+        got = q.get(timeout=60)
+        p.join(60)
+        return time.monotonic() - t0, got
+
+    if __name__ == "__main__":
+        pool = mp.Pool(1)
+        assert pool.apply(abs, (-7,)) == 7
+        bad = os.environ.get("OBSERVED_BAD_RECORD")
+        if bad:  # a task fails with text read from a file another user wrote
+            try:
+                pool.apply(exec, (f"raise ValueError('bad record: ' + open({bad!r}).read())",))
+            except ValueError:
+                pass
+        print(json.dumps({"url": dashboard.url(), "pid": os.getpid()}), flush=True)
+        for line in sys.stdin:  # the test's commands, one a line
+            if line.strip() == "usage":
+                print(json.dumps(usage()), flush=True)
+            elif line.strip() == "start":
+                print(json.dumps(start_one()), flush=True)
+            else:
+                break
+        pool.close(); pool.join()
+''')
+
+
+class Observed:
+    """OBSERVED running: its first line (dashboard URL, pid), then commands over stdin."""
+
+    def __init__(self, tmp: Path, env: dict[str, str], cwd: Path | None = None) -> None:
+        (tmp / "observed.py").write_text(OBSERVED)
+        self.err_path = tmp / "observed.err"
+        self.err = open(self.err_path, "w")
+        root = str(Path(__file__).resolve().parent.parent)
+        self.env = {**{k: v for k, v in os.environ.items() if not k.startswith(("FIBER_", "XDG_"))},
+                    "PYTHONPATH": root, **env}
+        self.proc = subprocess.Popen([sys.executable, str(tmp / "observed.py")], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self.err, text=True, env=self.env,
+                                     cwd=cwd or tmp)
+        self.first = self._line()
+
+    def _line(self) -> Any:
+        line = self.proc.stdout.readline()
+        if not line:
+            raise AssertionError(f"the program ended: {self.stderr()[-3000:]}")
+        return json.loads(line)
+
+    def ask(self, command: str) -> Any:
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
+        return self._line()
+
+    def stderr(self) -> str:
+        return self.err_path.read_text(errors="replace")
+
+    def finish(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.close()
+                self.proc.wait(60)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait(10)
+        self.err.close()
+
+
+def _dashboard_parts(url: str) -> tuple[int, str, str]:
+    import re
+
+    found = re.fullmatch(r"http://127\.0\.0\.1:(\d+)/([\w-]{12,})/\?token=(\S{20,})", url)
+    assert found, url
+    return int(found.group(1)), found.group(2), found.group(3)
+
+
+def _get(port: int, path: str, headers: dict[str, str] | None = None, timeout: float = 30) -> tuple[int, dict, bytes]:
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request("GET", path, headers=headers or {})
+        res = conn.getresponse()
+        return res.status, {k.lower(): v for k, v in res.getheaders()}, res.read()
+    finally:
+        conn.close()
+
+
+def attack_flood_dashboard(port: int, idle: int, fat: int, seconds: float) -> dict:
+    """Hold ``idle`` connections that never send a byte and ``fat`` requests of 120 headers
+    of 8,000 bytes that never end; reopen each one the server closes (bounded in time and count)."""
+    import resource
+    import select
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, idle + fat + 256), hard))  # its own rlimit
+    body = b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n" + b"".join(b"X-Fat-%d: %s\r\n" % (i, b"f" * 8000)
+                                                               for i in range(120))
+    poller = select.poll()
+    socks: dict[int, list] = {}  # fd -> [socket, kind, bytes sent]
+    count = {"idle": 0, "fat": 0}
+    opened = closed = 0
+    cap = 200_000
+
+    def open_one(kind: str) -> None:
+        nonlocal opened
+        s = socket.socket()
+        s.setblocking(False)
+        s.connect_ex(("127.0.0.1", port))
+        poller.register(s, select.POLLIN | (select.POLLOUT if kind == "fat" else 0))
+        socks[s.fileno()] = [s, kind, 0]
+        count[kind] += 1
+        opened += 1
+
+    def drop(fd: int) -> None:
+        nonlocal closed
+        s, kind, _ = socks.pop(fd)
+        poller.unregister(fd)
+        s.close()
+        count[kind] -= 1
+        closed += 1
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and opened < cap:
+        for kind, want in (("idle", idle), ("fat", fat)):
+            while count[kind] < want and opened < cap:
+                try:
+                    open_one(kind)
+                except OSError:
+                    break
+        for fd, ev in poller.poll(100):
+            entry = socks.get(fd)
+            if entry is None:
+                continue
+            s, kind, sent = entry
+            try:
+                if ev & (select.POLLHUP | select.POLLERR):
+                    drop(fd)
+                elif ev & select.POLLIN:
+                    if not s.recv(65536):
+                        drop(fd)
+                elif ev & select.POLLOUT and kind == "fat":
+                    entry[2] += s.send(body[sent:sent + 65536])
+                    if entry[2] >= len(body):  # all the headers, never the blank line that ends them
+                        poller.modify(fd, select.POLLIN)
+            except OSError:
+                drop(fd)
+    held = len(socks)
+    for fd in list(socks):
+        drop(fd)
+    return {"opened": opened, "closed_by_server": closed - held, "held_at_end": held}
+
+
+@pytest.mark.timeout(300)
+def test_dashboard_under_2000_idle_and_1000_fat_connections_stays_bounded_and_served(local_user, tmp_path):
+    """Row 2: the other user holds 2,000 idle connections and 1,000 never-ending requests of
+    120 x 8,000-byte headers. The master's descriptors and memory stay bounded, its owner's
+    page is served throughout, and a Process and a Queue still start."""
+    import resource  # noqa: F401 - the attacker cannot import from root's Python: it must be loaded here
+    import select  # noqa: F401
+
+    prog = Observed(tmp_path, {"FIBER_DASHBOARD": "1", "FIBER_STATUS_DIR": str(tmp_path / "status")})
+    try:
+        port, prefix, token = _dashboard_parts(prog.first["url"])
+        page = f"/{prefix}/api/state?token={token}"
+        t0 = time.monotonic()
+        assert _get(port, page)[0] == 200
+        quiet_page = time.monotonic() - t0
+        fds0, rss0 = prog.ask("usage")
+        quiet_start = prog.ask("start")[0]
+
+        attack = local_user.spawn(attack_flood_dashboard, port, 2000, 1000, 25.0)
+        peak_fds, peak_rss, pages, starts = fds0, rss0, [], []
+        deadline = time.monotonic() + 22
+        time.sleep(3)  # let the flood build (the attack runs 25 s; this only paces the samples)
+        while time.monotonic() < deadline:
+            t0 = time.monotonic()
+            status, _, _ = _get(port, page)
+            pages.append((status, time.monotonic() - t0))
+            fds, rss = prog.ask("usage")
+            peak_fds, peak_rss = max(peak_fds, fds), max(peak_rss, rss)
+            if len(starts) < 3:
+                took, answer = prog.ask("start")
+                starts.append(took)
+                assert answer == "up"
+        report = local_user.result(attack, timeout=120)
+        t0 = time.monotonic()
+        took, answer = prog.ask("start")  # the next Process and Queue, after the attack
+        after_start = time.monotonic() - t0
+        settle = time.monotonic() + 60  # what the attacker left in the accept queue is closed in seconds
+        while (fds1 := prog.ask("usage")[0]) > fds0 + 20 and time.monotonic() < settle:
+            time.sleep(0.2)
+        rss1 = prog.ask("usage")[1]
+    finally:
+        prog.finish()
+    figures = {"fds_before": fds0, "fds_peak": peak_fds, "fds_after": fds1, "rss_mib_before": rss0,
+               "rss_mib_peak": peak_rss, "rss_mib_after": rss1, "page_quiet_s": round(quiet_page, 3),
+               "page_under_attack_s": sorted(round(t, 3) for _, t in pages), "start_quiet_s": round(quiet_start, 2),
+               "starts_under_attack_s": [round(s, 2) for s in starts], "attack": report}
+    print("dashboard flood:", json.dumps(figures))
+    assert report["opened"] >= 3000, figures  # the attack did hold what it said
+    assert pages and all(status == 200 for status, _ in pages), figures
+    assert max(t for _, t in pages) < 20, figures  # the bug: no descriptor left to accept it at all
+    assert peak_fds < fds0 + 450, figures  # the cap (128) and a few accept batches; it was the whole 1,024
+    assert fds1 <= fds0 + 20, figures  # and given back
+    assert peak_rss < rss0 + 200, figures  # it was 86 -> 1,778 MiB
+    assert answer == "up" and after_start < max(5.0, 10 * quiet_start), figures
+    assert all(s < max(10.0, 20 * quiet_start) for s in starts), figures
+    assert "Traceback" not in prog.stderr(), prog.stderr()[-3000:]
+
+
+def attack_cookie_page(ready: str, seen: str, cookie: str, seconds: float) -> dict:
+    """A page on another 127.0.0.1 port: record the Cookie header of every request the owner's
+    browser makes to it, and plant a cookie of the dashboard's name for every path."""
+    import http.server
+
+    class Page(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            with open(seen, "a") as fh:
+                fh.write(json.dumps({"path": self.path, "cookie": self.headers.get("Cookie")}) + "\n")
+            self.send_response(200)
+            self.send_header("Set-Cookie", f"{cookie}=planted; Path=/")
+            self.send_header("Set-Cookie", "fiber_dashboard=planted; Path=/")
+            self.end_headers()
+            self.wfile.write(b"hello")
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Page)
+    server.timeout = 0.2
+    with open(ready, "w") as fh:
+        fh.write(str(server.server_address[1]))
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and not os.path.exists(ready + ".done"):
+        server.handle_request()
+    server.server_close()
+    return {"served": True}
+
+
+def test_dashboard_cookie_reaches_no_other_port_and_a_planted_one_breaks_nothing(local_user, tmp_path):
+    """Row 7: the owner's cookie jar (a real one: http.cookiejar) opens the dashboard, then a page
+    of the other user on another 127.0.0.1 port. That page receives no token, and the cookie it
+    plants (the dashboard's own name, Path=/) does not stop the owner's page. The token at a
+    path outside the prefix, or with another Host, gets nothing."""
+    import encodings.idna  # noqa: F401 - for the attacker, who cannot import from root's Python
+    import http.cookiejar
+    import http.server
+    import shutil
+    import tempfile
+    import urllib.request
+
+    from fibercore.dashboard.server import Dashboard
+    from fibercore.observe import recorder
+
+    shared = Path(tempfile.mkdtemp(dir="/tmp"))
+    os.chmod(shared, 0o1777)
+    board = Dashboard(recorder.current(), "127.0.0.1", 0)
+    try:
+        port, prefix, token = _dashboard_parts(board.url)
+        ready, seen = str(shared / "port"), str(shared / "seen")
+        page = local_user.spawn(attack_cookie_page, ready, seen, board.cookie, 60.0)
+        deadline = time.monotonic() + 30
+        while not (os.path.exists(ready) and Path(ready).read_text()):
+            if time.monotonic() > deadline:
+                local_user.result(page, timeout=1)  # its error, if it failed
+                raise AssertionError("the other user's page did not start")
+            time.sleep(0.05)
+        other = int(Path(ready).read_text())
+
+        jar = http.cookiejar.CookieJar()
+        browser = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar))
+        with browser.open(board.url, timeout=30) as res:
+            assert res.status == 200
+            set_cookie = res.headers["Set-Cookie"]
+        attrs = [a.strip().lower() for a in set_cookie.split(";")]
+        assert attrs[0] == f"{board.cookie}={token}".lower()
+        assert {"httponly", "samesite=strict", f"path=/{prefix}/".lower()} <= set(attrs), set_cookie
+        with browser.open(f"http://127.0.0.1:{port}/{prefix}/api/state", timeout=30) as res:
+            assert res.status == 200  # the cookie alone
+        for path in ("/", "/api/state", "/static/dashboard.js"):  # the other port (the prefix is secret)
+            with browser.open(f"http://127.0.0.1:{other}{path}", timeout=30) as res:
+                assert res.read() == b"hello"
+        # The jar now holds the planted cookies too: the owner's page still answers.
+        assert sum(c.value == "planted" for c in jar) == 2
+        with browser.open(f"http://127.0.0.1:{port}/{prefix}/api/state", timeout=30) as res:
+            assert res.status == 200 and "snapshot" in json.loads(res.read())
+        Path(ready + ".done").touch()
+        local_user.result(page)
+        requests = [json.loads(line) for line in Path(seen).read_text().splitlines()]
+        assert len(requests) == 3
+        assert not any(token in (r["cookie"] or "") for r in requests), requests
+        assert not any(board.cookie + "=" in (r["cookie"] or "") and "planted" not in r["cookie"]
+                       for r in requests), requests
+
+        # Outside the prefix, or another Host (a DNS-rebinding page): nothing, and no cookie.
+        for path, headers in ((f"/?token={token}", {}), (f"/api/state?token={token}", {}),
+                              (f"/{prefix}/?token={token}", {"Host": f"rebind.example:{port}"}),
+                              (f"/{prefix}/api/state", {"Host": f"rebind.example:{port}", "X-Fiber-Token": token}),
+                              (f"/{prefix}/?token={token}", {"Host": f"127.0.0.1:{other}"})):
+            status, head, body = _get(port, path, headers)
+            assert status in (404, 421) and body == b"" and "set-cookie" not in head, (path, headers, status)
+        assert _get(port, f"/{prefix}/api/state", {"X-Fiber-Token": token})[0] == 200
+        assert _get(port, f"/{prefix}/api/state", {"Host": f"localhost:{port}", "X-Fiber-Token": token})[0] == 200
+    finally:
+        board.close()
+        shutil.rmtree(shared, ignore_errors=True)
+    q = mp.Queue()  # the program goes on
+    p = mp.Process(target=q.put, args=(1,))
+    p.start()
+    assert q.get(timeout=30) == 1
+    p.join(30)
+
+
+SQUATTED_DRIVER = textwrap.dedent('''
+    # In a mount namespace of its own with a fresh /tmp (the machine's /tmp is left alone):
+    # the other user makes /tmp/fibercore-0 first, then root runs a program with the dashboard
+    # and `fiber top --once`, XDG_RUNTIME_DIR and FIBER_STATUS_DIR unset.
+    import json, os, subprocess, sys
+    uid, gid, python, root = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=1777", "tmpfs", "/tmp"], check=True)
+    pid = os.fork()
+    if pid == 0:
+        os.setgroups([]); os.setgid(gid); os.setuid(uid)
+        os.mkdir(f"/tmp/fibercore-{0}", 0o755)
+        os._exit(0)
+    os.waitpid(pid, 0)
+    squat = os.lstat("/tmp/fibercore-0")
+    os.mkdir("/tmp/home", 0o700)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FIBER_", "XDG_"))}
+    env.update(HOME="/tmp/home", PYTHONPATH=root, FIBER_DASHBOARD="1")
+    prog = ("import sys, fibercore as mp\\n"
+            "from fibercore import dashboard\\n"
+            "if __name__ == '__main__':\\n"
+            "    with mp.Pool(1) as pool:\\n"
+            "        print(pool.apply(abs, (-3,)), dashboard.url(), flush=True)\\n"
+            "        sys.stdin.readline()\\n")
+    p = subprocess.Popen([python, "-c", prog], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=env, cwd="/tmp/home")
+    first = p.stdout.readline().split()
+    top = subprocess.run([python, "-m", "fibercore.cli", "top", "--once"], capture_output=True, text=True,
+                         env=env, timeout=120, cwd="/tmp/home")
+    out, err = p.communicate("\\n", timeout=120)
+    after = os.lstat("/tmp/fibercore-0")
+    print(json.dumps({"first": first, "top_rc": top.returncode, "top_out": top.stdout, "top_err": top.stderr,
+                      "program_err": err, "program_rc": p.returncode,
+                      "squat_kept": [after.st_uid, after.st_mode] == [squat.st_uid, squat.st_mode]}))
+''')
+
+
+def test_a_squatted_default_status_directory_keeps_the_dashboard_and_fiber_top(local_user, tmp_path):
+    """Row 8: the other user makes /tmp/fibercore-0 before root's program runs (root's default
+    status directory when XDG_RUNTIME_DIR is unset). The dashboard still starts, `fiber top`
+    still lists the program (both use ~/.cache/fibercore/status-<host>), and the squatted
+    directory is left as it was."""
+    import shutil
+
+    if not shutil.which("unshare"):
+        pytest.skip("needs unshare(1) for a /tmp of the test's own")
+    (tmp_path / "driver.py").write_text(SQUATTED_DRIVER)
+    root = str(Path(__file__).resolve().parent.parent)
+    done = subprocess.run(["unshare", "-m", "--propagation", "private", sys.executable, str(tmp_path / "driver.py"),
+                           str(local_user.uid), str(local_user.gid), sys.executable, root],
+                          capture_output=True, text=True, timeout=240)
+    if done.returncode != 0 and "unshare failed" in done.stderr:
+        pytest.skip(f"no mount namespace here: {done.stderr.strip()}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["program_rc"] == 0, out
+    assert out["first"][0] == "3" and out["first"][1].startswith("http://127.0.0.1:"), out  # not dropped
+    assert out["top_rc"] == 0 and "Traceback" not in out["top_err"], out
+    assert "1 program on this machine" in out["top_out"] and "Pool-1" in out["top_out"], out
+    assert out["squat_kept"], out
+    assert "Traceback" not in out["program_err"], out
+
+
+def attack_check_shared_dir(shared: str) -> dict:
+    """The other user still uses the shared directory (it was not chmodded 0700 under it)."""
+    name = os.path.join(shared, f"mine-{os.getpid()}")
+    with open(name, "w") as fh:
+        fh.write("still mine")
+    os.unlink(name)
+    return {"mode": oct(os.stat(shared).st_mode & 0o7777)}
+
+
+def test_a_shared_status_directory_is_refused_never_chmodded(local_user, tmp_path):
+    """Row 12: FIBER_STATUS_DIR names a sticky directory everyone writes (as /tmp is). It is
+    refused in one WARNING line that names the fix, never chmodded (the other user still
+    writes in it), the dashboard and jobs run, and `fiber top` says one line."""
+    import shutil
+    import tempfile
+
+    shared = tempfile.mkdtemp(dir="/tmp")
+    os.chmod(shared, 0o1777)
+    try:
+        prog = Observed(tmp_path, {"FIBER_DASHBOARD": "1", "FIBER_STATUS_DIR": shared})
+        try:
+            assert prog.first["url"] is not None
+            took, answer = prog.ask("start")
+            assert answer == "up"
+            top = subprocess.run([sys.executable, "-m", "fibercore.cli", "top", "--once"], capture_output=True,
+                                 text=True, env=prog.env, timeout=120)
+        finally:
+            prog.finish()
+        assert stat_mode(shared) == 0o1777
+        assert local_user.run(attack_check_shared_dir, shared) == {"mode": "0o1777"}
+        warnings = [line for line in prog.stderr().splitlines() if "WARNING" in line]
+        assert len(warnings) == 1 and "others can write in it" in warnings[0], prog.stderr()
+        assert "FIBER_STATUS_DIR" in warnings[0] and "mkdir -m 700" in warnings[0], warnings
+        assert "Traceback" not in prog.stderr()
+        assert top.returncode == 2 and len(top.stderr.strip().splitlines()) == 1, top
+        assert "others can write in it" in top.stderr and "FIBER_STATUS_DIR" in top.stderr, top
+        assert os.listdir(shared) == [], os.listdir(shared)  # nothing of the program's written there
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+
+
+def stat_mode(path: str) -> int:
+    return os.stat(path).st_mode & 0o7777
+
+
+def test_a_status_directory_of_another_user_is_refused(local_user, tmp_path):
+    """FIBER_STATUS_DIR owned by the other user (0700, its own): refused with the fix, unchanged."""
+    import tempfile
+
+    from fibercore.observe import status
+
+    theirs = tempfile.mkdtemp(dir="/tmp")
+    os.chown(theirs, local_user.uid, local_user.gid)
+    try:
+        old = os.environ.get("FIBER_STATUS_DIR")
+        os.environ["FIBER_STATUS_DIR"] = theirs
+        try:
+            with pytest.raises(status.StatusDirError, match=f"owned by uid {local_user.uid}: point FIBER_STATUS_DIR"):
+                status.status_dir()
+        finally:
+            if old is None:
+                os.environ.pop("FIBER_STATUS_DIR", None)
+            else:
+                os.environ["FIBER_STATUS_DIR"] = old
+        assert os.stat(theirs).st_uid == local_user.uid and stat_mode(theirs) == 0o700
+    finally:
+        os.rmdir(theirs)
+
+
+def attack_write_record(path: str, text: str) -> dict:
+    with open(path, "w") as fh:
+        fh.write(text)
+    os.chmod(path, 0o644)
+    return {"written": len(text)}
+
+
+def test_fiber_top_shows_a_tasks_terminal_escapes_escaped(local_user, tmp_path):
+    """Row 10: a task fails with text the other user wrote (a record file): an OSC 0 title, an
+    OSC 52 clipboard write, a clear screen, a C1 CSI. `fiber top --once` prints them escaped."""
+    import shutil
+    import tempfile
+
+    shared = tempfile.mkdtemp(dir="/tmp")
+    os.chmod(shared, 0o1777)
+    evil = "\x1b]0;pwned\x07\x1b]52;c;ZXZpbA==\x07\x1b[2J\x1b[H\x9b31m\u202eevil"
+    try:
+        record = os.path.join(shared, "record")
+        local_user.run(attack_write_record, record, evil)
+        status_dir = tmp_path / "status"
+        prog = Observed(tmp_path, {"FIBER_STATUS_DIR": str(status_dir), "OBSERVED_BAD_RECORD": record})
+        try:
+            top = subprocess.run([sys.executable, "-m", "fibercore.cli", "top", "--once"], capture_output=True,
+                                 env=prog.env, timeout=120)
+        finally:
+            prog.finish()
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+    assert top.returncode == 0, top
+    out = top.stdout.decode("utf-8")
+    assert "bad record: " in out, out
+    assert not any(ch in out for ch in "\x1b\x07\x9b\u202e"), repr(out)
+    assert r"bad record: \x1b]0;pwned\x07\x1b]52;c;ZXZpbA" in out, out  # (the line is cut at 160)
+
+
+# -- surface: the CLI's view of /proc and files --------------------------------------------------
+# `fiber ps`, `logs`, `stop`, `cleanup` and `cp` on the local backend find a session's jobs by
+# reading /proc/<pid>/environ, which any user writes for their own processes: another user's
+# process that carries a session's variables is not a job of the caller's (it is neither listed
+# nor signalled), and `cp` opens every component inside a job's directory without following a
+# link (a link planted there could point at any file of the caller's).
+
+VICTIM_SESSION = '''
+import sys, time
+import fibercore as mp
+from fibercore.runtime import get_runtime
+
+if __name__ == "__main__":
+    p = mp.Process(target=time.sleep, args=(600,), name="victim-job")
+    p.start()
+    print(get_runtime().session, p.pid, flush=True)
+    p.join()
+'''
+
+
+class _victim_session:
+    """A program of the test's user (root) with one local job sleeping in ``cwd``: (session, job pid)."""
+
+    def __init__(self, cwd: Path) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("FIBER_") or k in ("FIBER_PLUGINS",
+                                                                                         "FIBER_TRANSPORT")}
+        (cwd / "victim.py").write_text(VICTIM_SESSION)
+        self.proc = subprocess.Popen([sys.executable, "victim.py"], cwd=cwd, env={**env, "FIBER_BACKEND": "local"},
+                                     stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline().split()
+        assert len(line) == 2, "the victim program did not start its job"
+        self.session, self.job = line[0], int(line[1])
+
+    def close(self) -> None:
+        from fiber_local.forking import process_alive
+
+        if process_alive(self.job):
+            os.kill(self.job, signal.SIGKILL)
+        self.proc.kill()
+        self.proc.wait(30)
+
+
+def attack_pose_as_a_job(session: str, link_to: str) -> dict:
+    """As the other user: a directory of its own holding ``result.txt -> link_to``, and a
+    long-lived process there whose environment says it is a job of ``session`` whose
+    master is gone (what `fiber ps` and `fiber cleanup` look for)."""
+    import tempfile
+
+    home = tempfile.mkdtemp(prefix="fcatk-cwd-")
+    os.chmod(home, 0o755)
+    os.symlink(link_to, os.path.join(home, "result.txt"))
+    env = {"PATH": "/usr/bin:/bin", "FIBER_SESSION": session, "FIBERCORE_LOCAL_MASTER_PID": "999999999",
+           "FIBER_MASTER_ADDR": "127.0.0.1:9", "FIBERCORE_LOCAL_NAME": "Pool-1:evil"}
+    child = subprocess.Popen(["sleep", "600"], cwd=home, env=env, start_new_session=True,
+                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return {"pid": child.pid, "home": home}
+
+
+def attack_plant_links(directory: str, link_to: str) -> dict:
+    """As the other user, in a directory it may write: ``out.txt -> link_to`` and
+    ``sub -> link_to``'s directory (a link in the middle of a path)."""
+    os.symlink(link_to, os.path.join(directory, "out.txt"))
+    os.symlink(os.path.dirname(link_to), os.path.join(directory, "sub"))
+    return {"planted": directory}
+
+
+def _alive_after(pid: int, grace: float = 2.0) -> bool:
+    """Whether ``pid`` still runs ``grace`` seconds on (a SIGKILL sent just before has landed by then)."""
+    from fiber_local.forking import process_alive
+
+    deadline = time.monotonic() + grace
+    while process_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return process_alive(pid)
+
+
+def _program_still_starts_jobs() -> None:
+    """The test's own program: a Process and a Queue start and answer (nothing was disturbed)."""
+    from tests import security_tasks as T
+
+    q = mp.Queue()
+    p = mp.Process(target=T.report_pid, args=(q,))
+    p.start()
+    assert q.get(timeout=60) == p.pid
+    p.join(30)
+    assert p.exitcode == 0
+
+
+@pytest.fixture
+def impostor(local_user, tmp_path):
+    """A root program's real session, another user's process posing as one of its jobs (a
+    link to a root-owned file in its cwd), and that file; the process is killed by its pid."""
+    import shutil
+
+    from fiber_local.forking import process_alive
+
+    owned = tmp_path / "root-owned.txt"
+    owned.write_text("root's data\n")
+    victim = _victim_session(tmp_path)
+    attacker = local_user.run(attack_pose_as_a_job, victim.session, str(owned))
+    pid = attacker["pid"]
+    try:
+        assert process_alive(pid) and os.stat(f"/proc/{pid}").st_uid == local_user.uid
+        yield victim, pid, owned
+    finally:
+        if process_alive(pid):
+            os.kill(pid, signal.SIGKILL)
+        victim.close()
+        shutil.rmtree(attacker["home"], ignore_errors=True)
+
+
+def test_ps_and_logs_list_no_process_of_another_user(impostor):
+    """Row 9: another user's process with a session's variables is not one of its jobs."""
+    from fibercore.testing.cli import fiber
+
+    victim, pid, _ = impostor
+    listed = fiber("ps", "--session", victim.session, env={"FIBER_BACKEND": "local"})
+    assert listed.returncode == 0, listed.stderr
+    pids = [line.split()[1] for line in listed.stdout.splitlines()[1:]]
+    assert str(victim.job) in pids, listed.stdout  # the session's real job is listed ...
+    assert str(pid) not in pids, listed.stdout  # ... the impostor is not
+    logs = fiber("logs", victim.session, env={"FIBER_BACKEND": "local"})
+    assert str(pid) not in logs.stdout and str(victim.job) in logs.stdout, logs.stdout
+    alone = fiber("logs", str(pid), env={"FIBER_BACKEND": "local"})
+    assert alone.returncode == 2 and f"no job '{pid}'" in alone.stderr, alone.stderr
+    _program_still_starts_jobs()
+
+
+def test_cleanup_and_stop_kill_no_process_of_another_user(impostor):
+    """Row 9: `fiber cleanup` (the impostor says its master is gone) and `fiber stop SESSION`
+    leave another user's process alone; stop still stops the session's real job."""
+    from fibercore.testing.cli import fiber
+
+    victim, pid, _ = impostor
+    done = fiber("cleanup", env={"FIBER_BACKEND": "local"})
+    assert done.returncode == 0, done.stderr
+    assert _alive_after(pid), "fiber cleanup killed another user's process"
+    stopped = fiber("stop", victim.session, env={"FIBER_BACKEND": "local"})
+    assert stopped.returncode == 0, stopped.stderr
+    assert f"stopped 1 job(s) of session {victim.session}" in stopped.stdout, stopped.stdout
+    assert _alive_after(pid), "fiber stop killed another user's process"
+    assert not _alive_after(victim.job, 30)  # the session's own job did stop
+    _program_still_starts_jobs()
+
+
+def test_cp_into_another_users_process_writes_nothing(impostor, tmp_path):
+    """Row 9: `fiber cp FILE PID:result.txt` with the impostor's pid (and result.txt a link to a
+    root-owned file) is refused: no job of the caller's; the file is unchanged."""
+    from fibercore.testing.cli import fiber
+
+    _, pid, owned = impostor
+    note = tmp_path / "note.txt"
+    note.write_text("attacker wins\n")
+    done = fiber("cp", str(note), f"{pid}:result.txt", env={"FIBER_BACKEND": "local"})
+    assert done.returncode == 2 and f"no job '{pid}'" in done.stderr, (done.stdout, done.stderr)
+    assert owned.read_text() == "root's data\n"
+
+
+def test_cp_follows_no_link_planted_in_a_jobs_directory(local_user, tmp_path):
+    """A job of the caller's runs in a directory another user may write (sticky, as /tmp):
+    links planted there (as the last component, or in the middle of the path) are refused with
+    one line, in both directions; the root-owned file they point at is unchanged; plain files
+    still copy."""
+    import shutil
+    import tempfile
+
+    from fibercore.testing.cli import fiber
+
+    owned = tmp_path / "root-owned.txt"
+    owned.write_text("root's data\n")
+    shared = Path(tempfile.mkdtemp(prefix="fibercore-shared-"))  # under /tmp: the attacker reaches it
+    shared.chmod(0o1777)
+    victim = _victim_session(shared)
+    try:
+        local_user.run(attack_plant_links, str(shared), str(owned))
+        note = tmp_path / "note.txt"
+        note.write_text("attacker wins\n")
+        local = {"FIBER_BACKEND": "local"}
+        for target in ("out.txt", f"sub/{owned.name}"):
+            done = fiber("cp", str(note), f"{victim.job}:{target}", env=local)
+            err = done.stderr.strip().splitlines()
+            assert done.returncode == 2 and len(err) == 1, (done.stdout, done.stderr)
+            assert "is a symbolic link" in err[0] and "never follows" in err[0], err
+            assert owned.read_text() == "root's data\n"
+        back = tmp_path / "back.txt"
+        done = fiber("cp", f"{victim.job}:out.txt", str(back), env=local)
+        assert done.returncode == 2 and "is a symbolic link" in done.stderr, done.stderr
+        assert not back.exists()
+        assert fiber("cp", str(note), f"{victim.job}:fine.txt", env=local).returncode == 0
+        assert (shared / "fine.txt").read_text() == "attacker wins\n" and not (shared / "fine.txt").is_symlink()
+        assert fiber("cp", f"{victim.job}:fine.txt", str(back), env=local).returncode == 0
+        assert back.read_text() == "attacker wins\n"
+        _program_still_starts_jobs()
+    finally:
+        victim.close()
+        shutil.rmtree(shared, ignore_errors=True)
+
+
+# -- surface: the template process and files a program writes ---------------------------------
+
+
+def attack_reach_template(pid: int) -> dict:
+    """Everything another user could try on a process: signal it, read its environment and
+    memory, open its descriptors, find a socket name it listens on."""
+    got: dict[str, Any] = {}
+    try:
+        os.kill(pid, 0)
+        got["signal"] = "allowed"
+    except PermissionError:
+        got["signal"] = "refused"
+    for what in ("environ", "mem", "fd/0", "cwd"):
+        try:
+            with open(f"/proc/{pid}/{what}", "rb") as fh:
+                fh.read(1)
+            got[what] = "read"
+        except OSError:
+            got[what] = "refused"
+    inodes = set()
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            inodes.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        got["fds"] = "listed"
+    except OSError:
+        got["fds"] = "refused"
+    return got
+
+
+def test_the_template_process_cannot_be_reached_by_another_user(local_user):
+    """Row "template process": the local backend's template (which forks jobs and receives
+    pickles from the master) talks only over a socket pair the master made: no name, no
+    port. Another user can neither signal it nor read its environment, memory or descriptors."""
+    if mp.get_runtime().backend != "local":
+        pytest.skip("the template is the local backend's")
+    p = mp.Process(target=time.sleep, args=(0.5,))
+    p.start()
+    p.join(60)
+    templates = []
+    for entry in os.listdir("/proc"):
+        try:
+            if entry.isdigit() and Path(f"/proc/{entry}/comm").read_text().strip() == "fiber-template":
+                if int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1]) == os.getpid():
+                    templates.append(int(entry))
+        except (OSError, ValueError, IndexError):
+            continue
+    if not templates:
+        pytest.skip("this master forks no template (FIBER_LOCAL_TEMPLATE off)")
+    for pid in templates:
+        got = local_user.run(attack_reach_template, pid)
+        assert set(got.values()) == {"refused"}, got
+        unix = Path("/proc/net/unix").read_text()
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if target.startswith("socket:["):
+                inode = target[8:-1]
+                named = [line for line in unix.splitlines()[1:]
+                         if line.split()[6] == inode and len(line.split()) >= 8]
+                assert not named, f"the template's socket {inode} has a name: {named}"
+
+
+_LOGS_TO = textwrap.dedent("""
+    import sys
+    import fibercore as mp
+    mp.init(log_file=sys.argv[1], log_level="info")
+    import logging
+    logging.getLogger("fibercore").warning("root's log line")
+    p = mp.Process(target=print, args=("job ran",))
+    p.start(); p.join(60)
+    print("exit", p.exitcode)
+""")
+
+
+def attack_plant_log_files(directory: str) -> dict:
+    victim = os.path.join(directory, "victim")
+    with open(victim, "w") as fh:
+        fh.write("")
+    os.chmod(victim, 0o666)
+    os.symlink(victim, os.path.join(directory, "linked.log.MainProcess"))
+    fd = os.open(os.path.join(directory, "theirs.log.MainProcess"), os.O_CREAT | os.O_WRONLY, 0o666)
+    os.fchmod(fd, 0o666)
+    os.close(fd)
+    return {}
+
+
+def test_a_log_file_planted_by_another_user_is_not_written(local_user, tmp_path):
+    """Row "log_file": a name in a directory others can write (a sticky /tmp) may be made
+    first by another user, as a link or as a file they can read. The master writes neither:
+    one WARNING line, and the program goes on."""
+    import shutil
+    import tempfile
+
+    shared = Path(tempfile.mkdtemp(prefix="fc-shared-", dir="/tmp"))  # reachable by the other user
+    try:
+        os.chmod(shared, 0o1777)
+        local_user.run(attack_plant_log_files, str(shared))
+        for name in ("linked.log", "theirs.log"):
+            out = subprocess.run([sys.executable, "-c", _LOGS_TO, str(shared / name)], capture_output=True,
+                                 text=True, timeout=120)
+            assert out.returncode == 0, out.stderr
+            assert "exit 0" in out.stdout, out
+            assert out.stderr.count("WARNING: not logging to") >= 1, out.stderr
+            assert "Traceback" not in out.stderr, out.stderr
+        assert (shared / "victim").read_text() == ""
+        assert (shared / "theirs.log.MainProcess").read_text() == ""
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+    # a log file of one's own is made 0600 and written
+    own = tmp_path / "own.log"
+    out = subprocess.run([sys.executable, "-c", _LOGS_TO, str(own)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    made = tmp_path / "own.log.MainProcess"
+    assert "root's log line" in made.read_text()
+    assert made.stat().st_mode & 0o077 == 0
 
 
 # -- surface: transport admission --

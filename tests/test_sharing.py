@@ -145,9 +145,9 @@ def test_the_sweep_leaves_segments_of_running_processes():
 def test_a_segment_that_is_not_ours_is_never_mapped(tmp_path):
     handle = mp.shared(np.arange(10))
     os.chmod(_path(handle), 0o644)  # another user could have written it
-    assert sharing._open_checked(_path(handle), handle._tag, handle._size) is False
+    assert sharing._open_checked(handle._name, handle._tag, handle._size) is False
     os.chmod(_path(handle), 0o600)
-    assert sharing._open_checked(_path(handle), os.urandom(16), handle._size) is None  # a planted one: wrong tag
+    assert sharing._open_checked(handle._name, os.urandom(16), handle._size) is None  # a planted one: wrong tag
 
 
 def _open_as_other_user(path: str) -> dict:

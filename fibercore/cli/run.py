@@ -125,6 +125,11 @@ def main(args: argparse.Namespace) -> int:
     if args.dashboard:
         user_env.setdefault("FIBER_DASHBOARD", "1")
     python, program_args = split_command(args.program)
+    if python is None:  # a Python program: fibercore takes the secret's descriptor before its code runs
+        from fibercore.cli.boot import interpreter_options
+
+        options, program = interpreter_options(program_args)
+        program_args = [*options, "-m", "fibercore.cli.boot", *program]
     if args.backend:
         init(backend=args.backend)
     rt = get_runtime()

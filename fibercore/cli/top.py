@@ -5,12 +5,17 @@ the watch file of each session it shows (that is what makes a master sample itse
 draws what the master wrote: the jobs with their state, CPU and memory, and each Pool's
 workers and tasks. ``q`` or Ctrl-C quits; ``--once`` prints one frame and exits (for
 scripts, and for a program that just started: it waits for the first sample).
+
+Text that came from a job or a status file (names, exception text, the command line) is
+shown with its control characters escaped (``\x1b``): a task's exception must not be able
+to retitle, clear or write the clipboard of the terminal that watches it.
 """
 
 from __future__ import annotations
 
 import argparse
 import curses
+import re
 import time
 from typing import Any
 
@@ -18,6 +23,15 @@ from fibercore.observe import status
 
 #: Seconds a first sample may take to appear (the master looks once a second).
 FIRST_SAMPLE = 4.0
+
+
+#: C0 and C1 controls, DEL, and the format characters that reorder or hide text (bidi, zero width).
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2066-\u2069\ufeff]")
+
+
+def printable(text: Any) -> str:
+    """``text`` with every control character shown as an escape (``\x1b``, ``\u202e``)."""
+    return _CONTROL.sub(lambda m: ascii(m.group())[1:-1], str(text))
 
 
 def _bytes(n: Any) -> str:
@@ -32,6 +46,7 @@ def _num(v: Any) -> str:
 
 
 def _table(rows: list[list[str]], width: int) -> list[str]:
+    rows = [[printable(cell) for cell in r] for r in rows]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip()[:width] for r in rows]
 
@@ -77,7 +92,7 @@ def render(found: list[dict[str, Any]], snaps: dict[str, dict[str, Any] | None],
             lines.append(("queues: " + ", ".join(f"{q['id']} ({q['depth']} waiting)" for q in snap["queues"]))[:width])
         if snap["managers"] or snap["sync"]:
             lines.append(f"managers: {len(snap['managers'])} · shared objects: {len(snap['sync'])}")
-    return lines
+    return [printable(line) for line in lines]
 
 
 def _look(session: str | None) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any] | None]]:

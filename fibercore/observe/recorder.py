@@ -5,6 +5,10 @@ session's watch file (:mod:`fibercore.observe.status`); only while ``fiber top``
 fresh, or while the dashboard is on, does it take a snapshot (:class:`Sampler`), keep a
 point of the history the dashboard plots, and (for ``fiber top``) write the status file.
 A program nobody looks at pays one ``stat`` a second.
+
+When the status directory cannot be used (:class:`fibercore.observe.status.StatusDirError`)
+the program says so in one line and runs unseen by ``fiber top``; the recorder still samples
+for the dashboard. This module never imports the dashboard: the dashboard uses it.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import sys
 import threading
 import time
 from collections import deque
+from pathlib import Path
 from typing import Any
 
 from fibercore.observe import status
@@ -61,10 +66,16 @@ class Recorder:
         self.pid = os.getpid()
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._folder = status.status_dir()
-        status.announce(session, {"pid": self.pid, "program": " ".join(sys.argv) or sys.executable,
-                                  "backend": backend, "started": time.time()})
-        self._bell = status.make_bell(session, self._folder)
+        self._folder: Path | None = None
+        self._bell: Path | None = None
+        try:
+            self._folder = status.status_dir()
+            status.announce(session, {"pid": self.pid, "program": " ".join(sys.argv) or sys.executable,
+                                      "backend": backend, "started": time.time()}, self._folder)
+            self._bell = status.make_bell(session, self._folder)
+        except OSError as exc:  # the program runs, unseen by fiber top
+            self._folder = None
+            _say_unseen(exc)
         atexit.register(self.close)
         self._thread = threading.Thread(target=self._run, name="fiber-observe", daemon=True)
         self._thread.start()
@@ -84,7 +95,7 @@ class Recorder:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            watched = status.watched(self.session, self._folder)
+            watched = self._folder is not None and status.watched(self.session, self._folder)
             if not (watched or self.always):
                 if self._bell is not None:
                     status.wait_for_bell(self._bell)  # no wake-up at all while nobody looks
@@ -93,7 +104,7 @@ class Recorder:
                 continue
             try:
                 snap = self.sample()
-                if watched:
+                if watched and self._folder is not None:
                     status.write_status(self.session, snap, self._folder)
             except Exception:  # a view must never take the program down
                 log.debug("observe: a sample failed", exc_info=True)
@@ -104,7 +115,8 @@ class Recorder:
         self._stop.set()
         if os.getpid() == self.pid:
             self.wake()
-            status.withdraw(self.session)
+            if self._folder is not None:
+                status.withdraw(self.session, self._folder)
 
 
 _recorder: Recorder | None = None
@@ -112,50 +124,35 @@ _unseen = False  # the status directory could not be used: said once
 _lock = threading.Lock()
 
 
+def _say_unseen(exc: OSError) -> None:
+    global _unseen
+    if not _unseen:
+        _unseen = True
+        print(f"fibercore: WARNING: fiber top will not see this program: {exc}", file=sys.stderr, flush=True)
+
+
 def master_started() -> Recorder | None:
-    """The master started a job: from now on ``fiber top`` can find it, and the dashboard
-    runs when the configuration asks for it (idempotent; cheap after the first call)."""
+    """The master started a job: from now on ``fiber top`` can find it (idempotent; cheap
+    after the first call). None in a worker, or in a child forked from a master."""
     found = _recorder
     if found is not None and found.pid == os.getpid():
         return found
-    found = _make()
-    if found is not None:
-        dashboard_if_asked(found)
-    return found
+    return current()
 
 
-def dashboard_if_asked(found: Recorder | None = None) -> None:
-    """Start the dashboard when ``dashboard`` is set (``init(dashboard=True)`` calls this)."""
+def current() -> Recorder | None:
+    """This master's recorder, made on first use (None in a worker or a forked child)."""
+    global _recorder
     from fibercore.runtime import get_runtime
 
-    rt = get_runtime()
-    if rt.is_worker or not rt.config.get("dashboard"):
-        return
-    found = found or _make()
-    if found is not None:
-        from fibercore import dashboard
-
-        dashboard.start(found, str(rt.config.get("dashboard_host")), int(rt.config.get("dashboard_port")))
-
-
-def _make() -> Recorder | None:
-    global _recorder, _unseen
-    from fibercore.runtime import get_runtime
-
-    rt = get_runtime()
-    if rt.is_worker or _unseen:
+    if get_runtime().is_worker:
         return None
     if _recorder is not None and _recorder.pid != os.getpid():
         return None  # a child forked from a master: the master is the program fiber top shows
     with _lock:
         if _recorder is None or _recorder.pid != os.getpid():
-            try:
-                _recorder = Recorder(rt.session, str(rt.backend))
-            except OSError as exc:  # no status directory: the program runs, unseen by fiber top
-                _unseen = True
-                log.info("fiber top will not see this program: %s", exc)
-                return None
+            _recorder = Recorder(get_runtime().session, str(get_runtime().backend))
         return _recorder
 
 
-__all__ = ["HISTORY", "INTERVAL", "Recorder", "dashboard_if_asked", "master_started", "point"]
+__all__ = ["HISTORY", "INTERVAL", "Recorder", "current", "master_started", "point"]

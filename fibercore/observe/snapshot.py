@@ -3,6 +3,7 @@
 A snapshot is plain data (a dict of lists of dicts: JSON as it is), taken by the recorder
 about once a second while ``fiber top`` or the dashboard looks. Rates (CPU %, tasks per
 second) come from the difference with the previous look, which :class:`Sampler` keeps.
+Everything is read through :mod:`fibercore.observe.registry`, never other modules' privates.
 """
 
 from __future__ import annotations
@@ -55,12 +56,10 @@ class Sampler:
         roles.update({m["process"]: f"server of {m['kind']}" for m in managers if m.get("process")})
         plugins = get_runtime().plugins
         jobs = []
-        for p in children():
-            popen = p._popen
-            job = getattr(popen, "job", None)
-            code = getattr(popen, "returncode", None)
+        for p in registry.started():
+            job, code = p.job, p.returncode
             usage = plugins.job_usage(job) if job is not None and code is None else None
-            key = f"job:{getattr(job, 'jid', id(p))}"
+            key = f"job:{getattr(job, 'jid', p.name)}"
             jobs.append({
                 "name": p.name,
                 "role": roles.get(p.name, "process"),
@@ -83,9 +82,9 @@ class Sampler:
             "master": master,
             "jobs": jobs,
             "pools": pools,
-            "queues": _queues(),
+            "queues": registry.listed("queues"),
             "managers": managers,
-            "sync": _sync_objects(),
+            "sync": registry.listed("sync"),
         }
 
     def _pools(self, now: float) -> list[dict[str, Any]]:
@@ -111,29 +110,6 @@ class Sampler:
             out.append(view)
         self._done = seen
         return out
-
-
-def children() -> list[Any]:
-    """This process's started jobs (a copy; no backend is asked anything)."""
-    from fibercore import process
-
-    with process._children_lock:
-        return list(process._children)
-
-
-def _queues() -> list[dict[str, Any]]:
-    from fibercore.queues.broker import brokers
-
-    return [b.view() for b in list(brokers.values()) if not b.closed]
-
-
-def _sync_objects() -> list[dict[str, Any]]:
-    from fibercore.lifetime import current_pid
-    from fibercore.sync import handles
-
-    if not handles._service or handles._service[0].pid != current_pid():
-        return []
-    return handles._service[0].view()
 
 
 __all__ = ["Sampler"]

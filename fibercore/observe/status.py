@@ -12,48 +12,104 @@ For each session whose master runs here:
   looks (no wake-up at all when idle); ``fiber top`` opens it when it touches the watch file.
 
 The directory is ``$FIBER_STATUS_DIR``, else ``$XDG_RUNTIME_DIR/fibercore``, else
-``/tmp/fibercore-<uid>``: made with mode 0700, and refused when another user owns it or it is
-a symbolic link (a directory in /tmp could be made first by someone else).
+``/tmp/fibercore-<uid>``: made with mode 0700. One that is a link, not a directory, owned by
+another user or writable by others is refused (:class:`StatusDirError`, naming the fix) and
+never chmodded: it may be a shared directory such as /tmp. When the default name in /tmp was
+made first by another user, the directory is ``~/.cache/fibercore/status-<host>`` instead
+(a home directory is not a place another user can create names in).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import stat
 import time
 from pathlib import Path
 from typing import Any
 
+from fibercore.errors import FiberError
+
 #: A watch file older than this (seconds) means nobody is looking any more.
 WATCH_FRESH = 3.0
 
 
-def status_dir(create: bool = True) -> Path:
-    """This user's status directory (checked: ours, not a link, not open to others)."""
-    base = os.environ.get("FIBER_STATUS_DIR")
-    if base:
-        path = Path(base)
-    elif os.environ.get("XDG_RUNTIME_DIR"):
-        path = Path(os.environ["XDG_RUNTIME_DIR"]) / "fibercore"
-    else:
-        path = Path("/tmp") / f"fibercore-{os.getuid()}"
+class StatusDirError(PermissionError, FiberError):
+    """The status directory cannot be used safely; the message names it and the fix."""
+
+
+def _refusal(path: Path, info: os.stat_result) -> str | None:
+    """Why ``path`` (lstat ``info``) cannot be this user's status directory (None: it can)."""
+    if stat.S_ISLNK(info.st_mode):
+        return "it is a symbolic link"
+    if not stat.S_ISDIR(info.st_mode):
+        return "it is not a directory"
+    if info.st_uid != os.getuid():
+        return f"it is owned by uid {info.st_uid}"
+    if info.st_mode & 0o022:
+        return f"others can write in it (mode {stat.S_IMODE(info.st_mode):04o})"
+    return None
+
+
+def _checked(path: Path, create: bool, fix: str) -> Path:
+    """``path`` made (0700) when asked and missing, then checked: never chmodded."""
     if create:
         try:
             path.mkdir(mode=0o700, parents=True, exist_ok=True)
-        except FileExistsError:
+        except FileExistsError:  # a link or a file under that name: said below
             pass
+        except OSError as exc:
+            raise StatusDirError(f"the status directory {path} cannot be made ({exc.strerror}): {fix}") from None
     try:
         info = os.lstat(path)
     except FileNotFoundError:
         return path
-    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
-        raise PermissionError(
-            f"{path} is not a directory of this user's (a link, or owned by uid {info.st_uid}): "
-            "remove it, or point FIBER_STATUS_DIR at a directory of your own")
-    if info.st_mode & 0o077:
-        os.chmod(path, 0o700)
+    why = _refusal(path, info)
+    if why is not None:
+        raise StatusDirError(f"the status directory {path} is refused: {why}: {fix}")
     return path
+
+
+def _fallback() -> Path:
+    """This user's status directory when the name in /tmp was taken by another user."""
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(cache) / "fibercore" / f"status-{socket.gethostname()}"
+
+
+def status_dir(create: bool = True) -> Path:
+    """This user's status directory (checked: a directory of this user's that nobody else can write)."""
+    base = os.environ.get("FIBER_STATUS_DIR")
+    if base:
+        return _checked(Path(base), create, "point FIBER_STATUS_DIR at a directory of your own that only you "
+                                            "can write (mkdir -m 700 DIR)")
+    if os.environ.get("XDG_RUNTIME_DIR"):
+        return _checked(Path(os.environ["XDG_RUNTIME_DIR"]) / "fibercore", create,
+                        "remove it, or set FIBER_STATUS_DIR to a directory of your own (mkdir -m 700 DIR)")
+    fix = "set FIBER_STATUS_DIR to a directory of your own (mkdir -m 700 DIR)"
+    default, fallback = Path("/tmp") / f"fibercore-{os.getuid()}", _fallback()
+    try:
+        info: os.stat_result | None = os.lstat(default)
+    except FileNotFoundError:
+        info = None
+    if info is None and not _ours(fallback):
+        try:
+            return _checked(default, create, fix)
+        except StatusDirError:  # made by someone else between the lstat and the mkdir
+            pass
+    elif info is not None and _refusal(default, info) is None:
+        return default
+    # Another user made /tmp/fibercore-<uid> first (or a link there): a name under the home
+    # directory cannot be taken that way. fiber top takes the same way to it (and keeps to it
+    # while it exists, should the name in /tmp be freed meanwhile).
+    return _checked(fallback, create, f"{default} is taken by another user: {fix}")
+
+
+def _ours(path: Path) -> bool:
+    try:
+        return _refusal(path, os.lstat(path)) is None
+    except OSError:
+        return False
 
 
 def _write(path: Path, data: dict[str, Any]) -> None:
@@ -73,14 +129,18 @@ def _read(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def announce(session: str, info: dict[str, Any]) -> None:
+def announce(session: str, info: dict[str, Any], folder: Path | None = None) -> None:
     """Say that this session's master runs here (its first job started)."""
-    _write(status_dir() / f"{session}.master", info)
+    _write((folder or status_dir()) / f"{session}.master", info)
 
 
-def withdraw(session: str) -> None:
+def withdraw(session: str, folder: Path | None = None) -> None:
     """The master ends: its files go."""
-    folder = status_dir(create=False)
+    if folder is None:
+        try:
+            folder = status_dir(create=False)
+        except OSError:
+            return
     for suffix in (".master", ".status", ".watch", ".bell"):
         try:
             os.unlink(folder / f"{session}{suffix}")
@@ -174,12 +234,12 @@ def sessions() -> list[dict[str, Any]]:
         info = _read(path)
         session = path.name[: -len(".master")]
         if info is None or not isinstance(info.get("pid"), int) or not _alive(info["pid"]):
-            withdraw(session)
+            withdraw(session, folder)
             continue
         info["session"] = session
         found.append(info)
     return found
 
 
-__all__ = ["announce", "make_bell", "read_status", "ring", "sessions", "status_dir", "wait_for_bell", "watch",
-           "watched", "withdraw", "write_status"]
+__all__ = ["StatusDirError", "announce", "make_bell", "read_status", "ring", "sessions", "status_dir",
+           "wait_for_bell", "watch", "watched", "withdraw", "write_status"]

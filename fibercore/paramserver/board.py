@@ -10,9 +10,9 @@ the arrays out and checks that the sequence was even and unchanged and the versi
 it was told; otherwise (overwritten meanwhile: a worker ``SLOTS`` versions behind) it asks the
 server for the parameters over the connection, as without a board.
 
-The segment is named and protected as :mod:`fibercore.sharing`'s (mode 0600, the tag checked
-before use, removed at the server's end, by the resource tracker after SIGKILL, or by
-``fiber cleanup``).
+The segment is named, opened and removed through :mod:`fibercore.shm` (mode 0600, no link
+followed, owner, mode, size and tag checked before use; removed at the server's end while it
+is still the file made there, by the resource tracker after SIGKILL, or by ``fiber cleanup``).
 """
 
 from __future__ import annotations
@@ -26,8 +26,9 @@ from typing import Any
 
 import numpy as np
 
-from fibercore.sharing import PREFIX, SHM_DIR, _reserve, _track, _unlink
-from fibercore.util import machine_identity, not_our_segment, process_start
+from fibercore import shm
+from fibercore.sharing import _reserve, _track, _unlink
+from fibercore.util import machine_identity
 
 #: Versions kept on the board: a reader may be this many versions late before it must ask again.
 SLOTS = 4
@@ -57,21 +58,22 @@ class Board:
         self.size = _TAG + SLOTS * self.slot_size
         self.tag = os.urandom(_TAG)
         self.machine = machine_identity()
-        self.name = f"{PREFIX}{os.getpid()}-{process_start(os.getpid()) or 0}-ps-{os.urandom(6).hex()}"
-        path = os.path.join(SHM_DIR, self.name)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        self.name = shm.new_name("ps")
+        fd = shm.create_segment(self.name)
+        made = shm.identity(fd)
         try:
             _track(self.name)
-            _reserve(fd, self.size, path)
+            _reserve(fd, self.size, shm.segment_path(self.name))
             self.mm = mmap.mmap(fd, self.size)
         except BaseException:
-            _unlink(self.name)
+            _unlink(self.name, made)
             raise
         finally:
             os.close(fd)
         self.mm[:_TAG] = self.tag
         self.written = [-1] * SLOTS
-        self._remove = weakref.finalize(self, _unlink, self.name)  # once: at close, collection or exit
+        # once: at close, collection or exit; only while the name is still the file made here
+        self._remove = weakref.finalize(self, _unlink, self.name, made)
 
     def fits(self, params: dict[str, np.ndarray]) -> bool:
         """Whether ``params`` have the board's layout (an ``apply`` may change a dtype or shape)."""
@@ -147,14 +149,10 @@ def _mapping(name: str, tag: bytes, size: int) -> mmap.mmap | None:
         if (name, tag) in _maps:
             return _maps[name, tag]
         mm = None
-        try:
-            fd = os.open(os.path.join(SHM_DIR, name), os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-        except OSError:
-            fd = -1
-        if fd >= 0:
+        fd, _why = shm.open_segment(name, tag, size)
+        if fd is not None:
             try:
-                if not_our_segment(fd, tag, size) is None:
-                    mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+                mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
             except OSError:
                 mm = None
             finally:

@@ -8,6 +8,11 @@
   one at a time for long ones, adapted from measured chunk times). When the queue is
   empty and a worker idles, chunks prefetched by busy workers but not started are
   stolen back (STEAL), so no task waits behind a slow worker.
+* A worker whose current chunk has run far longer than usual (:meth:`Dispatch.straggle_after`:
+  a long task among short ones) is given nothing more to hold, and what it holds unstarted
+  is stolen back, packing or not: the supervisor's thread checks when the first worker
+  that holds more than its running chunk could become such a straggler
+  (:meth:`Dispatch.check_stragglers`).
 
 Lock rules: every field below, and the dispatch fields of each
 :class:`~fibercore.pool.records.WorkerSlot`, change under the pool's lock
@@ -37,6 +42,8 @@ if TYPE_CHECKING:
 MAX_PREFETCH = 32
 #: Chunks at least this long (on average) are prefetched one at a time.
 LONG_CHUNK = 0.02
+#: A chunk running this long, and 20 times the average chunk, marks its worker a straggler.
+STRAGGLER = 0.02
 #: Chunks shorter than this (on average) are packed: a worker that already has work is
 #: filled up to its prefetch (about 0.5 ms of work) before an idle one is woken.
 PACK_BELOW = 0.00005
@@ -67,6 +74,10 @@ class Dispatch:
         #: Tiny chunks: fill awake workers before waking idle ones (see :data:`PACK_BELOW`).
         self.packing = False
         self.avg_chunk: float | None = None
+        #: When :meth:`check_stragglers` should next run (None: no worker holds queued chunks),
+        #: and how to wake the thread that runs it (set by the supervisor).
+        self.straggle_at: float | None = None
+        self.wake_checker: Callable[[], None] = lambda: None
         #: Lazy iterables still being cut into chunks by feeder threads.
         self.feeders = 0
         self._cids = itertools.count(1)
@@ -192,6 +203,9 @@ class Dispatch:
         """File ``w`` under idle, with-room or prefetched after its pending table changed."""
         if len(w.pending) >= 2:
             self.prefetched.add(w)
+            if self.straggle_at is None:  # the first worker to hold queued chunks: watch it
+                self.straggle_at = w.busy_since + self.straggle_after()
+                self.wake_checker()
         else:
             self.prefetched.discard(w)
         if w.state != READY or self._capacity(w) <= 0:
@@ -246,13 +260,44 @@ class Dispatch:
         return None
 
     def _with_room(self) -> WorkerSlot | None:
+        """A worker with work and room, unless it is a straggler (:meth:`straggling`): nothing
+        waits behind a long task. A straggler is filed again when its result comes."""
+        now = time.monotonic()
         while self.room_q:
             w = self.room_q.popleft()
             w.in_room = False
+            if self.straggling(w, now):
+                continue
             if w.state == READY and self._capacity(w) > 0:
                 return w
             self.classify(w)
         return None
+
+    def straggle_after(self) -> float:
+        """Seconds after which a running chunk marks its worker a straggler."""
+        return max(STRAGGLER, 20 * self.avg_chunk) if self.avg_chunk is not None else STRAGGLER
+
+    def straggling(self, w: WorkerSlot, now: float) -> bool:
+        """Whether ``w`` has run its current chunk far longer than usual (lock held)."""
+        return bool(w.pending) and now - w.busy_since > self.straggle_after()
+
+    def check_stragglers(self, now: float) -> None:
+        """Take back what stragglers hold unstarted (lock held; the supervisor's thread, at
+        :attr:`straggle_at`), and say when to look again."""
+        after = self.straggle_after()
+        soonest: float | None = None
+        for w in list(self.prefetched):
+            if w.state != READY or len(w.pending) < 2 or w.steal_sent:
+                continue
+            if now - w.busy_since > after:
+                w.steal_sent = True
+                try:
+                    self.shared.channel.send([(P.STEAL, [])], w.peer)
+                except TransportError:
+                    pass
+            elif soonest is None or w.busy_since + after < soonest:
+                soonest = w.busy_since + after
+        self.straggle_at = soonest
 
     def _task_message(self, w: WorkerSlot, chunk: Chunk) -> tuple[int, list[Any]]:
         batch = chunk.batch
@@ -279,6 +324,8 @@ class Dispatch:
                 break
             self.queue.popleft()
             sends.setdefault(w, []).append(self._task_message(w, chunk))
+            if not w.pending:
+                w.busy_since = time.monotonic()
             w.pending[chunk.cid] = chunk
             w.sent += 1
             chunk.last_worker = w
@@ -328,6 +375,8 @@ class Dispatch:
         queued in ``deliveries`` (delivered by :meth:`deliver` once the lock is released)."""
         cid, ok, micros = P.read_result_header(header)
         chunk = w.pending.pop(cid, None) if w is not None else None
+        if chunk is not None and w is not None and w.pending:
+            w.busy_since = time.monotonic()  # its next chunk starts now
         if chunk is None:
             chunk = self.chunks.get(cid)
         if chunk is None or chunk.done:

@@ -55,7 +55,7 @@ class WorkerSlot:
     """What the pool knows of one worker job.
 
     The fleet owns ``state``, ``peer``, the launch fields and ``exitcode``; dispatch owns
-    ``pending``, ``known``, ``sent``, ``steal_sent``, ``in_idle`` and ``in_room``. All of
+    ``pending``, ``known``, ``sent``, ``steal_sent``, ``busy_since``, ``in_idle`` and ``in_room``. All of
     them change under the pool's lock.
     """
 
@@ -68,6 +68,9 @@ class WorkerSlot:
         self.known: OrderedDict[int, None] = OrderedDict()  # mirror of the worker's function cache
         self.sent = 0  # chunks handed over and not given back (for maxtasksperchild)
         self.steal_sent = False
+        #: When the worker began its current chunk, as the master sees it (the chunk was
+        #: sent to it idle, or the result before it came back); 0.0 with nothing pending.
+        self.busy_since = 0.0
         self.in_idle = self.in_room = False
         self.deadline = deadline
         self.launch_error: BaseException | None = None

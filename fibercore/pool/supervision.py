@@ -115,12 +115,22 @@ class Supervision:
         shared, fleet = self.shared, self.fleet
         last_poll = 0.0
         poll_every = 0.1
+        dispatch = self.dispatch
+        dispatch.wake_checker = self._wake.set
         while True:
-            self._wake.wait(poll_every)
+            timeout = poll_every
+            straggle_at = dispatch.straggle_at
+            if straggle_at is not None:
+                timeout = min(timeout, max(0.0, straggle_at - time.monotonic()))
+            self._wake.wait(timeout)
             self._wake.clear()
             if shared.state == TERMINATE or shared.finished:
                 return
             try:
+                straggle_at = dispatch.straggle_at
+                if straggle_at is not None and time.monotonic() >= straggle_at:
+                    with shared.lock:
+                        dispatch.check_stragglers(time.monotonic())
                 while self._events:
                     kind, what = self._events.popleft()
                     if kind == "lost":

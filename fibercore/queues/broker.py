@@ -13,6 +13,7 @@ budget) are in :mod:`fibercore.queues`.
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import threading
@@ -22,10 +23,14 @@ from collections.abc import Hashable
 from typing import Any
 
 from fibercore.errors import TransportClosed, TransportTimeout
+from fibercore.observe import registry
 from fibercore.queues.protocol import (
     ACK,
     CANCEL,
     CANCELLED,
+    COUNT,
+    COUNT_WAIT,
+    COUNTED,
     DONE,
     EMPTY,
     GET,
@@ -53,6 +58,7 @@ from fibercore.queues.protocol import (
 )
 from fibercore.runtime import get_runtime
 from fibercore.wire import malformed
+from fibercore.wire.outbox import Outboxes
 from fibercore.wire.sender import BURST_GAP
 
 _clock = time.perf_counter
@@ -61,13 +67,21 @@ _clock = time.perf_counter
 brokers: dict[str, Broker] = {}
 
 
+#: Seconds a reader's connection may take nothing before the reader is dropped.
+STUCK_AFTER = 30.0
+#: Bytes of replies a slow reader may have waiting (at least: the queue's byte budget).
+OUTBOX_BYTES = 64 << 20
+
+
 class Reader:
-    __slots__ = ("leased", "acked", "recalled")
+    __slots__ = ("leased", "acked", "recalled", "asked", "mute")
 
     def __init__(self) -> None:
         self.leased: deque[list[Any]] = deque()
         self.acked = 0
         self.recalled = False
+        self.asked: bytes | None = None  # the COUNT it has not answered yet
+        self.mute = False  # did not answer a COUNT in time: not asked again until it speaks
 
 
 class Broker:
@@ -105,6 +119,8 @@ class Broker:
         self.channel = rt.listen("router", service="queue")
         self.address = self.channel.address
         self.channel.on_peer_event(self._peer_event)
+        # Readers whose replies wait for room, each with a sending thread of its own.
+        self.slow = Outboxes(self.channel, f"queue {qid[:8]}", max(self.budget, OUTBOX_BYTES), self._slow_reader)
         self.closed = False
         self.peers = 0
         self.departed: deque[tuple[Hashable, float]] = deque()
@@ -117,6 +133,8 @@ class Broker:
         self.getters_read = self.channel.wakeable
         self.resting = threading.Condition(lock)  # the receiving thread, while getters read
         self.rest_untimed = False  # it waits for the reading getter to finish (no timed looks)
+        self._counts = itertools.count(1)  # ids of COUNT requests
+
         self._ready: tuple[int, int] | None = None  # a pipe readable while items wait (ready_fd)
         self._ready_set = False
         self._receiver: threading.Thread | None = None
@@ -252,7 +270,7 @@ class Broker:
                 sends = self._sends_for_this_thread() if self.waiting else []
                 self._changed()
         if sends:
-            self._send_replies(sends, block=False)
+            self._send_replies(sends)
 
     def get_local(self, block: bool, timeout: float | None) -> list[Any]:
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -312,7 +330,35 @@ class Broker:
         with self.cv:
             if self._may_read():
                 self._read(0.0)
+            self._count_leases()
             return len(self.items) + self._leased_count()
+
+    def _count_leases(self) -> None:
+        """Ask each reader holding lent items what it has consumed, and wait for the answers
+        (cv held; at most :data:`COUNT_WAIT`): items a reader took before an action this
+        process has seen (an Event it set, a message it sent) are then no longer counted,
+        as with multiprocessing, where the reader's ``get`` took them out of the pipe."""
+        asked = []
+        for peer, reader in self.readers.items():
+            if reader.leased and not reader.mute:
+                reader.asked = req = u64(next(self._counts))
+                self.outbox.append((peer, [(COUNT, [req])]))
+                asked.append(reader)
+        if not asked:
+            return
+        self._changed()  # the dispatch thread sends the COUNTs
+        deadline = time.monotonic() + COUNT_WAIT
+        while any(r.asked is not None for r in asked):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                for reader in asked:
+                    if reader.asked is not None:
+                        reader.asked, reader.mute = None, True
+                return
+            if self._may_read():
+                self._read(remaining)
+            else:
+                self.cv.wait(remaining)
 
     # -- network -----------------------------------------------------------------------------
     def _peer_event(self, peer: Hashable, added: bool) -> None:
@@ -343,6 +389,8 @@ class Broker:
         reader = self.readers.pop(peer, None)
         if reader is not None:
             self.items.extendleft(reversed(reader.leased))
+            reader.leased.clear()
+            reader.asked = None  # a COUNT it will never answer: its items are back here
         self.waiting = deque(w for w in self.waiting if w[0] is not peer)
         self.pending_puts = deque(p for p in self.pending_puts if p[0] is not peer)
         self.join_waiters = [j for j in self.join_waiters if j[0] is not peer]
@@ -382,7 +430,7 @@ class Broker:
             if sends:
                 self.cv.release()
                 try:
-                    self._send_replies(sends, block=False)
+                    self._send_replies(sends)
                 finally:
                     self.cv.acquire()
 
@@ -432,7 +480,7 @@ class Broker:
                     return
                 continue
             if sends:
-                self._send_replies(sends, block=False)
+                self._send_replies(sends)
 
     def _took(self, messages: list[tuple[int, list[Any]]], peer: Hashable) -> list[tuple[Hashable, list[Any]]]:
         """Handle a frame's messages (cv held); the replies this thread is to send now."""
@@ -460,16 +508,26 @@ class Broker:
             if reader is None:
                 reader = self.readers[peer] = Reader()
             self._ack(reader, read_u64(parts[1]))
+            reader.mute = False
             standing = len(parts) > 3 and read_u64(parts[3]) == 1
             self.waiting.append((peer, read_u64(parts[0]), read_u64(parts[2]) == 1, standing))
         elif op == ACK:
             reader = self.readers.get(peer)
             if reader is not None:
                 self._ack(reader, read_u64(parts[0]))
+                reader.mute = False
+        elif op == COUNTED:
+            reader = self.readers.get(peer)
+            if reader is not None:
+                self._ack(reader, read_u64(parts[1]))
+                reader.mute = False
+                if reader.asked == bytes(parts[0]):
+                    reader.asked = None
         elif op == RETURN:
             reader = self.readers.get(peer)
             if reader is not None:
                 self._ack(reader, read_u64(parts[0]))
+                reader.mute = False
                 n = min(read_u64(parts[1]), len(reader.leased))
                 back = [reader.leased.pop() for _ in range(n)]
                 self.items.extendleft(back)  # popped last-first: extendleft restores order
@@ -500,35 +558,34 @@ class Broker:
                 self.join_waiters.append((peer, bytes(parts[0])))
 
     def _dispatch(self) -> None:
-        """Serve waiting readers and send replies that the receive thread could not send
-        without waiting (a reader whose socket is full), and those of local operations."""
+        """Serve waiting readers and send the replies of local operations; while a reader is
+        slow (:meth:`_deliver`), look every second whether it is stuck."""
+        checked = time.monotonic()
         while True:
+            if self.slow.any() and time.monotonic() - checked >= 1.0:
+                checked = time.monotonic()
+                self.slow.check_stuck(STUCK_AFTER)
+            sends = None
             with self.cv:
                 while True:
                     self._recall_for_starved()
                     if self._dispatch_due():
+                        sends = self._take_sends()
+                        self.sending = True
                         break
                     if self.closed and self.peers <= 0:
                         return
-                    self.work.wait()
-                sends = self._take_sends()
-                self.sending = True
-            self._send_replies(sends, block=True)
+                    if self.slow.any() and time.monotonic() - checked >= 1.0:
+                        break
+                    self.work.wait(1.0 if self.slow.any() else None)
+            if sends is not None:
+                self._send_replies(sends)
 
-    def _send_replies(self, sends: list[tuple[Hashable, list[Any]]], block: bool) -> None:
-        """Send replies in order (one thread at a time: ``sending``); without ``block``,
-        what cannot go now goes back to the front of the outbox, for the dispatch thread."""
-        for i, (peer, messages) in enumerate(sends):
-            try:
-                self.channel.send(messages, peer, block=block)
-            except TransportTimeout:
-                with self.cv:
-                    self.outbox[:0] = sends[i:]
-                    self.sending = False
-                    self._changed()
-                return
-            except Exception:  # the peer left; its leases come back via _peer_event
-                pass
+    def _send_replies(self, sends: list[tuple[Hashable, list[Any]]]) -> None:
+        """Send replies (one thread at a time: ``sending``, so each reader gets its replies in
+        the order they were made); none waits for a reader's room (:meth:`_deliver`)."""
+        for peer, messages in sends:
+            self._deliver(peer, messages)
         with self.cv:
             self.sending = False
             # What others left while this thread sent (they skip sending meanwhile): a reader
@@ -536,6 +593,15 @@ class Broker:
             self._recall_for_starved()
             if self._dispatch_due():
                 self._changed()
+
+    def _deliver(self, peer: Hashable, messages: list[tuple[int, list[Any]]]) -> None:
+        """Send now, or into the reader's own outbox when its connection is full: one stopped
+        reader holds up no other, and is dropped when stuck (:data:`STUCK_AFTER`)."""
+        self.slow.deliver(peer, messages, sum(item_bytes(parts) for _op, parts in messages))
+
+    def _slow_reader(self) -> None:
+        with self.cv:
+            self.work.notify()  # the dispatch thread looks at slow readers every second from now on
 
     def _sends_for_this_thread(self) -> list[tuple[Hashable, list[Any]]]:
         """Replies this thread may send itself, with ``block=False`` (cv held): none while
@@ -604,3 +670,11 @@ class Broker:
 
 #: Seconds without a thread waiting on a queue client before its background thread reads
 #: the connection (while threads wait, one of them reads it: no hand-off per item).
+
+
+def _views() -> list[dict[str, Any]]:
+    """What ``fiber top`` and the dashboard show of this process's queues."""
+    return [b.view() for b in list(brokers.values()) if not b.closed]
+
+
+registry.provide("queues", _views)

@@ -19,6 +19,8 @@ from fibercore.queues.protocol import (
     ACK_EVERY,
     CANCEL,
     CANCELLED,
+    COUNT,
+    COUNTED,
     DONE,
     EMPTY,
     GET,
@@ -111,6 +113,10 @@ class Client:
                 self.outstanding = self.standing = self.stood = False
                 self.sender.put((RETURN, [u64(self.consumed), u64(n)]))
                 self.acked = self.consumed
+            elif op == COUNT:  # the creator asks its queue's size: say what was taken
+                self.sender.put((COUNTED, [bytes(parts[0]), u64(self.consumed)]))
+                self.acked = self.consumed
+                self.owe_ack = False
             elif op in (PUTACK, SIZEIS, JOINED, CANCELLED):
                 self.replies[bytes(parts[0])] = [op, *parts[1:]]
 

@@ -12,10 +12,14 @@ the pool's and the managers' protocols. Requests that expect a reply start with 
     ACK consumed                              DONE (a standing GET is answered: ask again)
     RETURN consumed n (give n leased back)    RECALL (give back what you have not consumed)
     SIZE req consumed                         SIZEIS req size
+    COUNTED req consumed                      COUNT req (what have you consumed?)
     TASKDONE n
     JOIN req                                  JOINED req
 
 ``consumed`` is how many lent items the client has taken so far: it acknowledges them.
+A COUNT is sent by the broker to each reader holding lent items when the queue's creator
+asks its size (``qsize``, ``empty``, ``full``); the reader answers at once with COUNTED, so
+items a reader took before anything the creator saw it do are no longer counted.
 A RETURN also withdraws the client's GET, if one is out: nothing is lent between a RECALL
 and its RETURN, and a client counts its GET answered once it returned.
 
@@ -38,7 +42,7 @@ from typing import Any
 from fibercore.wire.frames import nbytes
 
 (PUT, PUTSYNC, PUTACK, CANCEL, CANCELLED, GET, ITEM, EMPTY, RECALL, RETURN, SIZE, SIZEIS,
- TASKDONE, JOIN, JOINED, ACK, DONE) = range(1, 18)
+ TASKDONE, JOIN, JOINED, ACK, DONE, COUNT, COUNTED) = range(1, 20)
 
 #: Most items, and bytes (at least one item), a reader is lent per request. A grant is one
 #: frame: 1 MiB ones measured 1.5-1.9x the rate of 4 MiB ones for 10-1,000 KB items (a frame
@@ -48,6 +52,10 @@ MAX_GRANT = 4096
 GRANT_BYTES = 1 << 20
 #: Items a standing GET may hold lent and unacknowledged before the broker ends it.
 STANDING_CREDIT = 32
+#: Seconds the creator's ``qsize`` waits for readers' answers to COUNT; a reader that did not
+#: answer in time (stopped, or busy without releasing the GIL) is not asked again until it
+#: next speaks, and its lent items count as still queued.
+COUNT_WAIT = 2.0
 #: A reader with a standing GET acknowledges after consuming this many items.
 ACK_EVERY = 8
 Empty = _stdlib_queue.Empty

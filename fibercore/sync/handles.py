@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 from fibercore import rpc
 from fibercore.errors import AbandonedLockWarning
 from fibercore.lifetime import PerProcess, at_process_end, current_pid
+from fibercore.observe import registry
 from fibercore.rpc import RETURN
 from fibercore.runtime import adopt_credentials, credentials_for_child
 from fibercore.sync.service import BYE, CALL, CANCEL, HELLO, SyncService, describe_here
@@ -194,3 +195,12 @@ def owner_name(owner: Any, creator: int) -> str:
     if found is None or found is threading.main_thread():
         return name
     return f"{name}|{found.name}"
+
+
+def _views() -> list[dict[str, Any]]:
+    """What ``fiber top`` and the dashboard show of the shared objects this process serves."""
+    found = _service[:1]
+    return found[0].view() if found and found[0].pid == current_pid() else []
+
+
+registry.provide("sync", _views)

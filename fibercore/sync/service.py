@@ -41,12 +41,13 @@ import time
 from collections.abc import Callable, Hashable
 from typing import Any
 
-from fibercore.errors import ProcessError, TransportClosed, TransportError, TransportTimeout
+from fibercore.errors import ProcessError, TransportClosed, TransportError
 from fibercore.rpc import HEAD, REPLY, REQUEST
 from fibercore.runtime import get_runtime
 from fibercore.sync.states import ERROR, PARKED, RETURN, State, Waiter
 from fibercore.util import with_traceback
 from fibercore.wire import malformed
+from fibercore.wire.outbox import Outboxes
 
 log = logging.getLogger("fibercore.sync")
 
@@ -61,17 +62,6 @@ OUTBOX_BYTES = 512 << 20
 INLINE_BYTES = 64 << 10
 #: Requests one peer may have parked (waiting for a lock, an event...) at once.
 MAX_PARKED_PER_PEER = 10_000
-
-
-class _Outbox:
-    """One peer's answers that found its connection full, and the thread sending them."""
-
-    __slots__ = ("messages", "bytes", "since")
-
-    def __init__(self) -> None:
-        self.messages: collections.deque[tuple[list[Any], int]] = collections.deque()
-        self.bytes = 0
-        self.since = time.monotonic()  # when the connection last took a frame
 
 
 class Ref:
@@ -107,8 +97,9 @@ class SyncService:
         self.names: dict[Hashable, str] = {}  # peer -> "Process-3 (pid 41 on node-7)"
         self.leaving: set[Hashable] = set()  # peers that said BYE
         self._outbox: list[tuple[Hashable, int, int, Any]] = []
-        self._boxes: dict[Hashable, _Outbox] = {}  # peers whose answers wait for room
-        self._boxes_lock = threading.Lock()
+        # Peers whose answers wait for room, each with a sending thread of its own.
+        self.slow = Outboxes(self.channel, "synchronization service", OUTBOX_BYTES, self.channel.wake,
+                             lambda peer: self.names.get(peer, repr(peer)))
         self._parked_by: collections.Counter[Hashable] = collections.Counter()
         self._local_ids = itertools.count(1)
         self._timers: list[tuple[float, int, Callable[[], None]]] = []  # (when, order, fn): a heap
@@ -234,11 +225,11 @@ class SyncService:
         # peer's outbox, made by another thread, wakes it to watch that peer every second).
         untimed = self.channel.wakeable
         while True:
-            if self._boxes and time.monotonic() - checked > 1.0:
+            if self.slow.any() and time.monotonic() - checked > 1.0:
                 checked = time.monotonic()
-                self._check_stuck()
+                self.slow.check_stuck(STUCK_AFTER)
             try:
-                messages, peer = self.channel.recv(None if untimed and not self._boxes else 1.0)
+                messages, peer = self.channel.recv(None if untimed and not self.slow.any() else 1.0)
             except TransportClosed:
                 return
             except TransportError:
@@ -306,65 +297,7 @@ class SyncService:
         """Send a small answer now if ``peer``'s connection has room and nothing of its waits;
         else queue it for that peer's own sending thread (which alone may wait for it)."""
         size = sum(len(p) for p in message[0][1])
-        with self._boxes_lock:
-            box = self._boxes.get(peer)
-            if box is None:
-                if size <= INLINE_BYTES:
-                    try:
-                        self.channel.send(message, peer, block=False)
-                        return
-                    except TransportTimeout:  # full: the peer is slow, stopped, or reading a big answer
-                        pass
-                    except TransportError:
-                        return  # the caller's process is gone: its loss is handled by _peer_event
-                box = self._boxes[peer] = _Outbox()
-                threading.Thread(target=self._drain, args=(peer, box), name="fiber-sync-out", daemon=True).start()
-                self.channel.wake()  # the service thread watches the slow peer from now on
-            box.messages.append((message, size))
-            box.bytes += size
-            if box.bytes > OUTBOX_BYTES:
-                self._give_up(peer, f"{box.bytes >> 20} MiB of answers it does not read")
-
-    def _drain(self, peer: Hashable, box: _Outbox) -> None:
-        """A slow peer's sending thread: its answers in order, waiting for its connection
-        (the service thread drops the peer if it waits :data:`STUCK_AFTER` seconds)."""
-        while True:
-            with self._boxes_lock:
-                if not box.messages or self._boxes.get(peer) is not box:
-                    if self._boxes.get(peer) is box:
-                        del self._boxes[peer]
-                    return
-                message, size = box.messages[0]
-                box.since = time.monotonic()
-            try:
-                self.channel.send(message, peer)
-            except TransportError:
-                with self._boxes_lock:
-                    if self._boxes.get(peer) is box:
-                        del self._boxes[peer]
-                return
-            with self._boxes_lock:
-                if box.messages:
-                    box.messages.popleft()
-                box.bytes -= size
-
-    def _check_stuck(self) -> None:
-        """Drop peers whose sending thread has waited too long for them to read."""
-        now = time.monotonic()
-        with self._boxes_lock:
-            stuck = [peer for peer, box in self._boxes.items() if now - box.since > STUCK_AFTER]
-        for peer in stuck:
-            self._give_up(peer, f"it read nothing for {STUCK_AFTER:.0f} s")
-
-    def _give_up(self, peer: Hashable, why: str) -> None:
-        """Drop a peer that does not read its answers (its locks are released as abandoned)."""
-        log.warning("synchronization service (pid %d): dropped %s: %s", self.pid,
-                    self.names.get(peer, repr(peer)), why)
-        with self._boxes_lock:
-            box = self._boxes.pop(peer, None)
-            if box is not None:
-                box.messages.clear()
-        self.channel.drop(peer)
+        self.slow.deliver(peer, message, size, inline=size <= INLINE_BYTES)
 
     def _peer_event(self, peer: Hashable, added: bool) -> None:
         if added:

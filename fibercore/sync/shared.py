@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import mmap
 import os
 import threading
 import weakref
@@ -26,17 +27,18 @@ from collections.abc import Callable, Iterator
 from multiprocessing import resource_tracker, shared_memory
 from typing import Any
 
+from fibercore import shm
 from fibercore.sync.handles import Handle
 from fibercore.sync.primitives import Lock, RLock, WithLock, _depth, _held
 from fibercore.sync.service import Ref
 from fibercore.sync.states import DataState, ctype_of
-from fibercore.util import machine_identity, not_our_segment
+from fibercore.util import machine_identity
 
 log = logging.getLogger("fibercore.sync")
 
 
 class _Segment(shared_memory.SharedMemory):
-    """A shared-memory segment that ctypes objects map until this process ends."""
+    """A shared-memory segment this process made, that ctypes objects map until it ends."""
 
     def __del__(self) -> None:
         try:
@@ -45,8 +47,22 @@ class _Segment(shared_memory.SharedMemory):
             pass  # ctypes objects still map it: the process's end unmaps it
 
 
+class _Mapped:
+    """A segment another process of this machine made, opened through
+    :func:`fibercore.shm.open_segment` and mapped read-write while ctypes objects use it."""
+
+    def __init__(self, fd: int) -> None:
+        self.size = os.fstat(fd).st_size
+        self._mm = mmap.mmap(fd, self.size)
+        self.buf = memoryview(self._mm)
+
+    def close(self) -> None:
+        self.buf.release()
+        self._mm.close()
+
+
 #: Segments this process created (unlinked at exit) or mapped (kept while mapped).
-_segments: dict[str, shared_memory.SharedMemory] = {}
+_segments: dict[str, _Segment | _Mapped] = {}
 
 
 #: Bytes in front of the object in its segment: a random tag the handle carries, checked
@@ -55,13 +71,20 @@ HEADER = 16
 
 
 def _allocate(ctype: Any) -> tuple[Any, str, bytes]:
-    """A zeroed ``ctype`` object in a new shared-memory segment (mode 0600), its name and tag."""
-    segment = _Segment(create=True, size=HEADER + max(1, ctypes.sizeof(ctype)))
+    """A zeroed ``ctype`` object in a new shared-memory segment (mode 0600), its name and tag.
+    The name says which process made it, so ``fiber cleanup`` can remove it after a SIGKILL."""
+    segment = _Segment(create=True, size=HEADER + max(1, ctypes.sizeof(ctype)), name=shm.new_name("v"))
+    made = shm.identity(segment._fd)  # type: ignore[attr-defined]
     tag = os.urandom(HEADER)
     segment.buf[:HEADER] = tag  # type: ignore[index]
     _segments[segment.name] = segment
-    weakref.finalize(segment, _unlink, segment.name)  # at exit: the creating process owns it
+    weakref.finalize(segment, _unlink, segment.name, made)  # at exit: the creating process owns it
+    _made[segment.name] = made
     return ctype.from_buffer(segment.buf, HEADER), segment.name, tag
+
+
+#: (device, inode) of each segment this process made: removed only while the name is still it.
+_made: dict[str, tuple[int, int]] = {}
 
 
 def _release_segment(oid: int, name: str) -> None:
@@ -71,38 +94,42 @@ def _release_segment(oid: int, name: str) -> None:
 
     if oid not in service().pinned:
         _segments.pop(name, None)
-        _unlink(name)
+        _unlink(name, _made.get(name))
 
 
-def _unlink(name: str) -> None:
+def _unlink(name: str, made: tuple[int, int] | None) -> None:
+    """Remove segment ``name`` if it is still the file this process made; the resource
+    tracker forgets it."""
+    if made is None:
+        return
+    _made.pop(name, None)
+    shm.remove_segment(name, made)
     try:
-        shared_memory.SharedMemory(name=name).unlink()
+        resource_tracker.unregister("/" + name, "shared_memory")
     except Exception:
         pass
 
 
 def _map(name: str, ctype: Any, tag: bytes, machine: str) -> Any | None:
     """The object in segment ``name`` if this machine has that very segment (None: use the
-    service): same machine, the segment owned by this user with no access for others, and
-    the tag the handle carries at its start."""
+    service): same machine, and the file passes :func:`fibercore.shm.open_segment`'s checks
+    (a regular file of this user, no access for others, the handle's tag at its start)."""
     segment = _segments.get(name)
     if segment is None:
         if not machine or machine != machine_identity():
             return None
+        fd, why = shm.open_segment(name, tag, HEADER + ctypes.sizeof(ctype), writable=True)
+        if fd is None:
+            if why != "missing":
+                log.warning("shared memory %s/%s is not the segment of this object (%s): not mapped; every "
+                            "access goes to the creating process instead", shm.SHM_DIR, name, why)
+            return None
         try:
-            segment = _Segment(name=name)
+            segment = _Mapped(fd)
         except (OSError, ValueError):
             return None
-        try:  # mapped, not owned: this process's exit must not unlink it (bpo-39959)
-            resource_tracker.unregister(segment._name, "shared_memory")  # type: ignore[attr-defined]
-        except Exception:
-            pass
-        why = not_our_segment(segment._fd, tag, HEADER + ctypes.sizeof(ctype))  # type: ignore[attr-defined]
-        if why is not None:
-            log.warning("shared memory /dev/shm%s is not the segment of this object (%s): not mapped; every "
-                        "access goes to the creating process instead", segment._name, why)  # type: ignore[attr-defined]
-            segment.close()
-            return None
+        finally:
+            os.close(fd)
         _segments[name] = segment
     if segment.size < HEADER + ctypes.sizeof(ctype):
         return None

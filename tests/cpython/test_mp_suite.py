@@ -98,12 +98,6 @@ NOT_APPLICABLE: dict[str, str] = {
         "write into; a fibercore Pipe end sent to several jobs gives each its own connection, and "
         "messages on different connections are not ordered (the Barrier itself keeps the rounds: "
         "tests/test_sync.py checks the same 5-job rounds through shared state)",
-    "processes:_TestQueue.test_put": "asserts empty() in the creating process right after a child got "
-        "the last items and set an Event: a fibercore queue lends items to a reader until it "
-        "acknowledges them (so a reader that dies gives them back); the acknowledgment is sent "
-        "when the reader's lent items run out, on the queue's connection, and can arrive a moment "
-        "after the Event's set on another connection (tests/test_queues.py checks empty() once "
-        "readers are idle)",
     "_TestPoll.test_boundaries": "reads one end of a Pipe from two processes (an OS pipe is one "
         "buffer they share); a fibercore Pipe connects two processes: use a Queue for several readers",
 }

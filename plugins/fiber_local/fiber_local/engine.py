@@ -16,16 +16,15 @@ from __future__ import annotations
 
 import os
 import selectors
-import shutil
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from fiber_local import owned
 from fiber_local.forking import (
     TEMPLATE_COMM,
     TEMPLATE_ENV,
@@ -34,6 +33,7 @@ from fiber_local.forking import (
     process_alive,
     process_name,
 )
+from fiber_local.owned import OwnProcess
 from fibercore.backendkit import process_usage
 
 if TYPE_CHECKING:
@@ -217,52 +217,42 @@ def _secret_pipe(secret_env: dict[str, str]) -> int | None:
     return r
 
 
-def _fiber_processes(session: str | None) -> Iterator[tuple[int, dict[bytes, bytes]]]:
-    """(pid, initial environment) of every local process of a fiber session (``session``
-    only, when given): the jobs (they carry FIBER_MASTER_ADDR) and the masters ``fiber run``
-    started (FIBER_SESSION without it). Found in /proc, so from any process of this user."""
-    me = os.getpid()
-    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
-        if not entry.isdigit() or int(entry) == me:
+def _fiber_processes(session: str | None) -> list[OwnProcess]:
+    """Every local process of a fiber session (``session`` only, when given) that is this
+    user's: the jobs (they carry FIBER_MASTER_ADDR) and the masters ``fiber run`` started
+    (FIBER_SESSION without it). Found in /proc, held (the caller closes them): another user's
+    process with the same variables is none of them (:mod:`fiber_local.owned`)."""
+    found = []
+    for proc in owned.scan(MASTER_PID_ENV.encode()):
+        name = proc.env.get(b"FIBER_SESSION")
+        if name is None or (session is not None and name.decode(errors="replace") != session):
+            proc.close()
             continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as fh:
-                env = dict(item.split(b"=", 1) for item in fh.read().split(b"\0") if b"=" in item)
-        except OSError:
-            continue
-        found = env.get(b"FIBER_SESSION")
-        if found is None or MASTER_PID_ENV.encode() not in env:
-            continue
-        if session is not None and found.decode() != session:
-            continue
-        if process_alive(int(entry)):
-            yield int(entry), env
+        found.append(proc)
+    return found
 
 
-def _is_template(pid: int, env: dict[bytes, bytes]) -> bool:
-    """Whether ``pid`` is a template process (:mod:`fiber_local.template`), not a job."""
-    return TEMPLATE_ENV.encode() in env and process_name(pid) == TEMPLATE_COMM
+def _is_template(proc: OwnProcess) -> bool:
+    """Whether ``proc`` is a template process (:mod:`fiber_local.template`), not a job."""
+    return TEMPLATE_ENV.encode() in proc.env and process_name(proc.pid) == TEMPLATE_COMM
 
 
-def _signal(pid: int, sig: int) -> bool:
-    try:
-        os.kill(pid, sig)
-        return True
-    except OSError:
-        return False
+def _master_alive(proc: OwnProcess) -> bool:
+    """Whether the master that started job ``proc`` still runs (a process of this user's at
+    its pid: another user's process that took the pid is not it)."""
+    master = proc.env.get(MASTER_PID_ENV.encode(), b"")
+    return master.isdigit() and process_alive(int(master)) and owned.is_mine(int(master))
 
 
-def _own_job(jid: str) -> int | None:
-    """The pid of local job ``jid`` if it is one (a fiber process of this machine)."""
+def _own_job(jid: str) -> OwnProcess | None:
+    """Local job ``jid``, held, if it is one: a fiber process of this user's on this machine."""
     if not jid.isdigit():
         return None
-    try:
-        with open(f"/proc/{jid}/environ", "rb") as fh:
-            is_fiber = MASTER_PID_ENV.encode() + b"=" in fh.read()
-    except OSError:
+    proc = owned.own_process(int(jid))
+    if proc is not None and MASTER_PID_ENV.encode() not in proc.env:
+        proc.close()
         return None
-    return int(jid) if is_fiber else None
-
+    return proc
 
 
 class Engine:
@@ -348,45 +338,52 @@ class Engine:
         ``session`` when one is named (the user stops that session on purpose): its master
         gets SIGTERM first, so it stops its own jobs as it exits."""
         count = 0
-        found = list(_fiber_processes(session))
-        if session is not None:
-            for pid, env in found:
-                if b"FIBER_MASTER_ADDR" not in env:  # a master fiber run started
-                    _signal(pid, signal.SIGTERM)
-                    count += 1
-            time.sleep(0.5 if count else 0)
-        for pid, env in found:
-            if b"FIBER_MASTER_ADDR" not in env:
-                if session is not None and process_alive(pid):
-                    _signal(pid, signal.SIGKILL)
-                continue
-            master = env.get(MASTER_PID_ENV.encode(), b"")
-            if session is None and master.isdigit() and process_alive(int(master)):
-                continue  # its master still runs: not a leftover
-            if _signal(pid, signal.SIGKILL) and not _is_template(pid, env):
-                count += 1  # a template process is no job of the user's
+        found = _fiber_processes(session)
+        try:
+            if session is not None:
+                for proc in found:
+                    if b"FIBER_MASTER_ADDR" not in proc.env:  # a master fiber run started
+                        proc.signal(signal.SIGTERM)
+                        count += 1
+                time.sleep(0.5 if count else 0)
+            for proc in found:
+                if b"FIBER_MASTER_ADDR" not in proc.env:
+                    if session is not None and proc.alive():
+                        proc.signal(signal.SIGKILL)
+                    continue
+                if session is None and _master_alive(proc):
+                    continue  # its master still runs: not a leftover
+                if proc.signal(signal.SIGKILL) and not _is_template(proc):
+                    count += 1  # a template process is no job of the user's
+        finally:
+            for proc in found:
+                proc.close()
         return count
 
     def list_jobs(self, session: str | None) -> list[JobInfo]:
         from fibercore.types import JobInfo, JobStatus
 
         out = []
-        for pid, env in _fiber_processes(session):
-            if _is_template(pid, env):
-                continue
-            try:
-                created = os.stat(f"/proc/{pid}").st_mtime
-            except OSError:
-                created = None
-            name = ((process_name(pid) if TEMPLATE_ENV.encode() in env else None)
-                    or env.get(NAME_ENV.encode(), b"?").decode())
-            out.append(JobInfo(jid=str(pid), backend=NAME, session=env[b"FIBER_SESSION"].decode(), name=name,
-                               status=JobStatus.RUNNING, host="127.0.0.1", created=created))
+        for proc in _fiber_processes(session):
+            with proc:
+                pid, env = proc.pid, proc.env
+                if _is_template(proc):
+                    continue
+                try:
+                    created = os.stat(f"/proc/{pid}").st_mtime
+                except OSError:
+                    created = None
+                name = ((process_name(pid) if TEMPLATE_ENV.encode() in env else None)
+                        or env.get(NAME_ENV.encode(), b"?").decode(errors="replace"))
+                out.append(JobInfo(jid=str(pid), backend=NAME, session=env[b"FIBER_SESSION"].decode(errors="replace"),
+                                   name=name, status=JobStatus.RUNNING, host="127.0.0.1", created=created))
         return out
 
     def read_logs(self, jid: str) -> str | None:
-        if _own_job(jid) is None:
+        proc = _own_job(jid)
+        if proc is None:
             return None
+        proc.close()
         from fibercore.errors import ConfigError
 
         raise ConfigError(
@@ -396,17 +393,35 @@ class Engine:
         )
 
     def copy(self, jid: str, source: str, destination: str, into_job: bool) -> bool | None:
-        """A local job shares this machine's files: paths in the job are relative to its cwd."""
-        pid = _own_job(jid)
-        if pid is None:
+        """A local job shares this machine's files: paths in the job are relative to its cwd,
+        and none of their components is followed when it is a link (:mod:`fiber_local.copying`)."""
+        from fiber_local import copying
+
+        proc = _own_job(jid)
+        if proc is None:
             return None
-        cwd = os.readlink(f"/proc/{pid}/cwd")
-        src = os.path.join(cwd, source) if not into_job else source
-        dst = os.path.join(cwd, destination) if into_job else destination
-        if os.path.isdir(src):
-            shutil.copytree(src, dst, dirs_exist_ok=True)
-        else:
-            shutil.copy2(src, dst)
+        with proc:
+            try:
+                cwd = os.open(f"/proc/{proc.pid}/cwd", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            except OSError:
+                return None
+            try:
+                if not proc.alive():  # the pid may name another process now: its cwd is not the job's
+                    return None
+                job = copying.in_job(cwd, jid, source if not into_job else destination)
+            finally:
+                os.close(cwd)
+        here = job
+        try:
+            here = copying.local(destination if not into_job else source)
+            if into_job:
+                copying.copy(here, job)
+            else:
+                copying.copy(job, here)
+        finally:
+            job.close()
+            if here is not job:
+                here.close()
         return True
 
     def doctor(self, config: ConfigView) -> list[Check]:

@@ -6,7 +6,6 @@ Also the two ``/proc`` readings the backend makes of any local process (alive, i
 
 from __future__ import annotations
 
-import os
 import pickle
 import signal
 import socket
@@ -159,8 +158,22 @@ class Forked:
         return code
 
     def send_signal(self, sig: int) -> None:
-        if self.poll() is None:
-            os.kill(self.pid, sig)
+        """Signal the job, never a process that took its pid: the template reaps a job before
+        the master hears it ended, so the pid is held (pidfd) and checked to be still the
+        template's child (or, the template gone, a process of this user forked from one)."""
+        from fiber_local import owned
+
+        if self.poll() is not None:
+            return
+        held = owned.hold_child(self.pid, self._template.popen.pid)
+        if held is None and self._template.popen.poll() is not None:  # its jobs went to init
+            held = owned.own_process(self.pid)
+            if held is not None and TEMPLATE_ENV.encode() not in held.env:
+                held.close()
+                held = None
+        if held is not None:
+            with held:
+                held.signal(sig)
 
 
 def process_alive(pid: int) -> bool:
