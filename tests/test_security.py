@@ -2277,22 +2277,22 @@ def _sp_message(body: bytes, request_id: int | None = None) -> bytes:
 
 
 def _open_held(port: int, source: str, mode: str, nng: bool) -> socket.socket | bool:
-    """One connection from ``source`` that holds a slot: on the built-in transport it reads the
-    HELLO and answers nothing; on nng's front (Rep0) it greets (``greet``) and never proves,
-    or names no protocol at all (``silent``); nng's data sockets (Pair0) are left alone here
-    (False: not a port to attack). nng speaks only once spoken to (its listeners defer
-    accepting until data comes), so the greeting goes first, never a wait for nng's header."""
+    """One connection from ``source`` that holds a slot: on the built-in transport it is held
+    open, answering nothing (the listener counts it from its accept; its HELLO, or a TLS
+    listener's silence, is left to the attack's poll); on nng's front (Rep0) it greets
+    (``greet``) and never proves, or names no protocol at all (``silent``); nng's data
+    sockets (Pair0) are left alone here (False: not a port to attack). nng speaks only once
+    spoken to (its listeners defer accepting until data comes): the greeting goes first."""
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
         s.bind((source, 0))
         s.settimeout(0.5)
         s.connect(("127.0.0.1", port))
-        if mode == "silent":
+        if mode == "silent" or not nng:
             return s
-        if nng:
-            s.sendall(b"\x00SP\x00" + struct.pack(">H", _SP_REQ0) + b"\x00\x00" + _sp_message(_NNG_HELLO, 1))
-        first = s.recv(8)  # the built-in transport's HELLO, or nng's SP header
-        if nng and first[:6] != b"\x00SP\x00" + struct.pack(">H", _SP_REP0):
+        s.sendall(b"\x00SP\x00" + struct.pack(">H", _SP_REQ0) + b"\x00\x00" + _sp_message(_NNG_HELLO, 1))
+        first = s.recv(8)  # nng's SP header
+        if first[:6] != b"\x00SP\x00" + struct.pack(">H", _SP_REP0):
             s.close()
             return False  # not a front socket
         return s
@@ -2315,18 +2315,20 @@ def attack_hold_slots(feed: tuple[int, int], sources: list[str], per_source: int
     renewed = most = 0
     end = time.monotonic() + seconds
     look = 0.0
+    over = False
     import select as _select
 
     def feed_open() -> bool:
-        nonlocal ports, look
+        nonlocal ports, look, over
         now = time.monotonic()
-        if now < look:
-            return True
+        if over or now < look:
+            return not over
         look = now + 0.25
         got = _feed_ports(feed[0], buf)
         if got:
             ports = got
-        return got is not None and now < end
+        over = got is None or now >= end  # for good: the feed's last word is read only once
+        return not over
 
     while feed_open():
         want = [(port, src) for port in ports if port not in useless for src in sources]
