@@ -20,8 +20,9 @@ peer. The peer handle given to ``recv``, ``send_parts`` and peer callbacks is th
 ``MAX_HANDSHAKE_FRAME`` bytes and closes the connection after
 ``auth.limits.handshake_timeout`` seconds; it keeps at most
 ``auth.limits.max_pending`` such connections per listener
-(``auth.limits.max_pending_per_peer`` per peer identity, refusing newcomers rather than
-closing a handshake in progress) and ``auth.limits.max_peers`` peers. ``dial`` returns
+(``auth.limits.max_pending_per_peer`` per peer identity, all of loopback one; at a limit
+the oldest goes, never one in progress for less than a second:
+:mod:`fibercore.wire.admission`) and ``auth.limits.max_peers`` peers. ``dial`` returns
 only after the handshake succeeded (``endpoint.peer`` is the session) and raises
 ``fibercore.errors.AuthenticationError`` when the other side refused it.
 

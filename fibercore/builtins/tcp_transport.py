@@ -11,8 +11,10 @@ authenticated (:mod:`fibercore.wire.handshake`) a peer may send only records of
 ``MAX_HANDSHAKE_FRAME`` bytes; a connection that has not authenticated within
 ``Limits.handshake_timeout`` is closed; each listener holds at most
 ``Limits.max_pending`` unauthenticated connections, ``Limits.max_pending_per_peer`` of
-them from one uid (Unix) or address (TCP), refusing newcomers rather than closing a
-handshake in progress, and ``Limits.max_peers`` authenticated ones.
+them from one uid (Unix) or address (TCP; all of loopback is one), and
+``Limits.max_peers`` authenticated ones. At a limit the oldest unauthenticated TCP
+connection goes (:mod:`fibercore.wire.admission`), never one younger than a second: a
+handshake in progress is not cut, the newcomer is refused then and its dialer retries.
 
 Addresses are ``tcp://host:port[/machine]`` (``tls+tcp://`` with TLS); ``machine`` says
 the listener also answers on a Unix socket named after its identity, on the machine
@@ -57,6 +59,7 @@ from fibercore.errors import (
 from fibercore.hookspecs import hookimpl
 from fibercore.transport import PeerCallback
 from fibercore.util import machine_identity
+from fibercore.wire.admission import make_room, peer_identity
 from fibercore.wire.frames import reject
 from fibercore.wire.handshake import (
     MAX_HANDSHAKE_FRAME,
@@ -712,23 +715,22 @@ class TcpListener:
             except OSError as exc:
                 if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
                     reject(self.address, "?", f"cannot accept: {exc}", "refused_connections")
-                    self._shed_pending(None)
+                    self._make_room(None)
                 return
             if sock.family == socket.AF_UNIX:
                 uid = _peer_uid(sock)
-                label, who = f"unix uid {uid}", ("uid", uid)
+                label, who = f"unix uid {uid}", ("uid", str(uid))
                 if uid != os.geteuid():  # another user: refused before it costs anything
                     sock.close()
                     reject(self.address, label, "a Unix connection from another user", "refused_connections")
                     continue
             else:
-                label, who = f"{addr[0]}:{addr[1]}", ("ip", addr[0])
+                label, who = f"{addr[0]}:{addr[1]}", ("ip", peer_identity(addr[0]))
             if len(self._peers) >= self._limits.max_peers:
                 sock.close()
                 reject(self.address, label, "too many peers", "refused_connections")
                 continue
-            if self._pending_by[who] >= self._limits.max_pending_per_peer or (
-                    len(self._pending) >= self._limits.max_pending and not self._shed_pending(who)):
+            if not self._make_room(who):
                 sock.close()  # the newest waits its turn (its dialer retries); none in progress is cut
                 reject(self.address, label, "too many unauthenticated connections from it", "refused_connections")
                 continue
@@ -754,22 +756,22 @@ class TcpListener:
             else:
                 self._greet(conn)
 
-    def _shed_pending(self, newcomer: Hashable | None) -> bool:
-        """Room for one more unauthenticated connection: close the newest one of the peer
-        holding the most, if that peer holds more than ``newcomer`` would (never a fair
-        share: a busy peer cannot push out another's handshake). True if room was made."""
-        if not self._pending_by:
-            return False
-        greedy, held = self._pending_by.most_common(1)[0]
-        if held <= 1 or (newcomer is not None and held <= self._pending_by[newcomer] + 1):
-            return False
-        for conn in reversed(list(self._pending)):
-            if conn.who == greedy:
-                reject(self.address, conn.label, "too many unauthenticated connections: closed its newest",
-                       "refused_connections")
-                self._drop(conn)
-                return True
-        return False  # pragma: no cover - the counter and the table agree
+    def _make_room(self, newcomer: Hashable | None) -> bool:
+        """Room for one more unauthenticated connection from ``newcomer`` (None: the process
+        is out of descriptors), closing the oldest one :func:`~fibercore.wire.admission.make_room`
+        picks if need be (never a uid's own: another user's are refused before they count, so
+        the same user's connections are handshakes in progress). True if there is room."""
+        limits = self._limits
+        if newcomer is not None and self._pending_by[newcomer] < limits.max_pending_per_peer and (
+                len(self._pending) < limits.max_pending):
+            return True  # the usual case: no list made
+        room, victim = make_room([(conn, conn.who, None if _is_uid(conn.who) else conn.opened)
+                                  for conn in self._pending], newcomer, limits, time.monotonic())
+        if victim is not None:
+            reject(self.address, victim.label, "unauthenticated the longest while the table was full: closed",
+                   "refused_connections")
+            self._drop(victim)
+        return room
 
     def _tls_step(self, conn: _Conn) -> None:
         try:
@@ -1438,6 +1440,11 @@ def _dial(address: str, auth: Authenticator, tls: ssl.SSLContext | None, server_
                                      "or closing") from None
             time.sleep(pause)
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _is_uid(who: Hashable) -> bool:
+    """``who`` is a uid (Unix peers: another user's are refused before they count)."""
+    return isinstance(who, tuple) and who[0] == "uid"
 
 
 class _Refused(Exception):

@@ -4,6 +4,7 @@ One module per job:
 
 - :mod:`~fibercore.wire.handshake` — connection authentication (mutual challenge–response)
   and each connection's keys; the limits on what an unauthenticated peer may cost;
+- :mod:`~fibercore.wire.admission` — which unauthenticated connections wait, which are shed;
 - :mod:`~fibercore.wire.frames` — frame encoding, sealing and opening (tags, counters);
 - :mod:`~fibercore.wire.channel` — an endpoint whose peers are authenticated sessions;
 - :mod:`~fibercore.wire.sender` — sending from the caller's thread when idle, batching bursts.

@@ -66,11 +66,12 @@ class Limits:
     #: Seconds a new connection has to authenticate before it is closed.
     handshake_timeout: float = 10.0
     #: Connections that have not authenticated yet, per listening endpoint. When they are
-    #: all taken, a new connection is refused (a handshake in progress is never closed to
-    #: make room), unless one peer holds more than its share: then that peer's newest goes.
+    #: all taken, the oldest goes (of the peer holding the most first), never one younger
+    #: than :data:`fibercore.wire.admission.SHED_AGE`; if all are, the newcomer is refused.
     max_pending: int = 64
     #: Unauthenticated connections one peer identity (a uid on Unix sockets, an address on
-    #: TCP) may hold on one listener; more are refused, so one peer cannot starve the others.
+    #: TCP, all of loopback one) may hold on one listener; beyond it, its oldest goes (TCP)
+    #: or the newcomer is refused, so one peer cannot starve the others.
     max_pending_per_peer: int = 32
     #: Authenticated connections per listening endpoint.
     max_peers: int = 4096

@@ -39,6 +39,8 @@ import hmac
 import os
 import random
 import select
+import socket
+import struct
 import threading
 import time
 import weakref
@@ -50,6 +52,7 @@ import pynng
 
 from fibercore.errors import AuthenticationError, TransportClosed, TransportError, TransportTimeout
 from fibercore.transport import MAX_HANDSHAKE_FRAME
+from fibercore.wire.admission import make_room, peer_identity
 
 if TYPE_CHECKING:
     from fibercore.transport import Authenticator, PeerCallback
@@ -65,10 +68,17 @@ SEND_STEP = 0.2
 _HELLO = b"FIBER-NNG-1 HELLO?"
 _BUSY = b"BUSY"
 _REFUSED = b"REFUSED"
+#: The listener's first message on a data connection: its token was the one expected.
+_OK = b"FIBER-NNG-1 OK"
 #: Bytes of the listener's last handshake message (a MAC).
 MAC_SIZE = 32
 #: Bytes of the token that binds a data connection to the handshake made on the front socket.
 TOKEN = 16
+#: Seconds between two looks at this process's descriptors for TCP connections nng holds
+#: before they are pipes (they name no protocol yet: no pipe callback sees them).
+SCAN_STEP = 0.25
+#: Descriptors the process may gain between two full looks at its connections.
+SCAN_MARGIN = 32
 
 
 class _Wake:
@@ -258,9 +268,16 @@ def _send(conn: _Conn, data: bytes, block: bool, gone: Callable[[], bool], where
 
 
 class _Conn:
-    """One Pair0 socket and what is known of its one connection."""
+    """One Pair0 socket and what is known of its one connection.
 
-    def __init__(self, sock: pynng.Socket, wake: _Wake, label: str) -> None:
+    A listener's data socket (``displace``) keeps the connection that presents its token,
+    not the first one: until one has, each new connection replaces the one before (Pair0
+    serves one connection at a time, so a stranger connecting first would otherwise hold
+    it); once one has, every other is refused. A dialer's (``dialing``) counts the
+    connection the listener acknowledged (:data:`_OK`) and notes any that ended before."""
+
+    def __init__(self, sock: pynng.Socket, wake: _Wake, label: str, displace: bool = False,
+                 dialing: bool = False) -> None:
         self.sock = sock
         self.label = label
         self.connected = False
@@ -274,15 +291,38 @@ class _Conn:
         self.sock_closed = False
         self.session: Any = None
         self.paused = False
-        #: nng's id of the one connection this socket serves (its first).
+        #: nng's id of the one connection this socket serves (a listener's: its candidate
+        #: until ``proven``; a dialer's: set by :meth:`bind`).
         self.pipe_id: int | None = None
+        #: The connection presented the token (listener) or was acknowledged (dialer).
+        self.proven = not (displace or dialing)
+        #: The listener's candidate connection (``displace``), and how many were replaced.
+        self.candidate: Any = None
+        self.replaced = 0
+        #: A dialer's connections that ended before the listener acknowledged one.
+        self.ended_early = 0
+        self._dialing = dialing
+        self._pipes = threading.Lock()  # pipe_id, candidate, proven: nng's threads and ours
         self._wake = wake
+        if displace:
+            sock.add_pre_pipe_connect_cb(self._arriving)
         sock.add_post_pipe_connect_cb(self._connected)
         sock.add_post_pipe_remove_cb(self._removed)
 
     # nng's threads: record, then wake whoever selects
+    def _arriving(self, pipe: Any) -> None:
+        """A new connection to a listener's data socket, before Pair0 takes it."""
+        with self._pipes:
+            if self.proven or self.closed:
+                old, refuse = None, True
+            else:
+                old, refuse = self.candidate, False
+                self.candidate, self.pipe_id = pipe, pipe.id
+                self.replaced += old is not None
+        _close_pipe(pipe if refuse else old)
+
     def _connected(self, pipe: Any) -> None:
-        if self.pipe_id is None:
+        if self.pipe_id is None and not self._dialing:
             self.pipe_id = pipe.id
         self.connected = True
         self._wake.set()
@@ -291,10 +331,35 @@ class _Conn:
         # Pair0 refuses a second connection while the first stays, and nng reports that refused
         # one as removed too: only the removal of this socket's own connection ends it (a
         # stranger dialling a peer's data port would otherwise cut the peer off).
-        if pipe.id != self.pipe_id:
-            return
+        with self._pipes:
+            if pipe.id != self.pipe_id:
+                if self._dialing and self.pipe_id is None:
+                    self.ended_early += 1
+                    self._wake.set()
+                return
+            if not self.proven:  # the candidate left (or was replaced): wait for the next
+                self.candidate = self.pipe_id = None
+                self.connected = False
+                return
         self.gone = True
         self._wake.set()
+
+    def bind(self, pipe_id: int) -> None:
+        """A dialer's: ``pipe_id`` is the connection the listener acknowledged."""
+        with self._pipes:
+            self.pipe_id, self.proven = pipe_id, True
+            alive = any(p.id == pipe_id for p in list(self.sock.pipes))
+        if not alive:
+            self.gone = True
+
+    def prove(self, pipe_id: int) -> bool:
+        """A listener's: the token came on ``pipe_id``; True if it is still the candidate
+        (from now on no other connection is taken)."""
+        with self._pipes:
+            if pipe_id != self.pipe_id or self.closed:
+                return False
+            self.proven = True
+            return True
 
     def recv_fd(self) -> int | None:
         """The descriptor readable while a message waits (None once the socket is closed)."""
@@ -361,6 +426,10 @@ class _Acceptor:
         self._listeners: set[NngListener] = set()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._next_look = 0.0
+        self._look_above: int | None = None  # descriptors beyond which connections are looked at
+        self._raw_since: dict[int, float] = {}  # inode -> when first seen, of connections not yet pipes
+        self._raw_seen = False  # such connections were beyond the limits at the last look
 
     def add(self, listener: NngListener) -> _Wake:
         """Serve ``listener``; the wake-up pipe its connections' callbacks write to."""
@@ -395,9 +464,10 @@ class _Acceptor:
             for listener in listeners:
                 fds += listener.accept_fds()
                 deadlines += listener.deadlines()
-            # At most IDLE_STEP: a wake-up lost (its descriptor taken by code that closed it twice)
+            self._guard_descriptors(listeners, now)
+            # At most SCAN_STEP: a wake-up lost (its descriptor taken by code that closed it twice)
             # costs a new listener that long, never an answer.
-            wait = min([max(0.0, d - now) for d in deadlines] + [IDLE_STEP])
+            wait = min([max(0.0, d - now) for d in deadlines] + [SCAN_STEP])
             try:
                 ready = _readable(fds, wait)
             except (OSError, ValueError):  # a socket closed meanwhile: look again
@@ -409,6 +479,70 @@ class _Acceptor:
                 except Exception:  # one listener's trouble must not stop the others' handshakes
                     if not listener._closed:
                         raise
+
+
+    def _guard_descriptors(self, listeners: list[NngListener], now: float) -> None:
+        """Bound the TCP connections nng holds before they are pipes (a connection that never
+        names its protocol stays ~10 s in nng, unseen by any callback): every SCAN_STEP the
+        process's descriptors are counted; when they grew by SCAN_MARGIN, or such connections
+        were seen last time, each listener's are listed (/proc) and, beyond
+        ``max_pending_per_peer`` per peer or ``max_pending`` in all, the oldest are ended
+        (renewed at once, the newest stay: an age guard would let a flood keep them all)."""
+        if now < self._next_look or not listeners:
+            return
+        self._next_look = now + (SCAN_STEP / 2.5 if self._raw_seen else SCAN_STEP)
+        try:
+            count = len(os.listdir("/proc/self/fd"))
+        except OSError:
+            return
+        if self._look_above is None:
+            self._look_above = count + SCAN_MARGIN
+        if count < self._look_above and not self._raw_seen:
+            self._look_above = min(self._look_above, count + SCAN_MARGIN)
+            return
+        owner: dict[int, NngListener] = {}
+        known: set[tuple[int, int]] = set()
+        for listener in listeners:
+            for port, pipes in listener.ports_and_pipes():
+                owner[port] = listener
+                known.update(pipes)
+        raw: dict[NngListener, list[tuple[float, str, int, int]]] = {}
+        since: dict[int, float] = {}
+        for lport, rport, inode, host, fd in _tcp_connections(set(owner)):
+            if (lport, rport) in known:
+                continue
+            since[inode] = self._raw_since.get(inode, now)
+            raw.setdefault(owner[lport], []).append((since[inode], peer_identity(host), inode, fd))
+        self._raw_since = since
+        shed = 0
+        for listener, conns in raw.items():
+            for inode, fd in _beyond_limits(conns, listener._auth.limits):
+                _shut(fd, inode)
+                self._raw_since.pop(inode, None)
+                shed += 1
+        self._look_above = count - shed + SCAN_MARGIN
+        self._raw_seen = shed > 0 or any(len(conns) > listener._auth.limits.max_pending_per_peer
+                                         for listener, conns in raw.items())
+
+
+def _beyond_limits(conns: list[tuple[float, str, int, int]], limits: Any) -> list[tuple[int, int]]:
+    """(inode, descriptor) of the connections to end: all but the newest
+    ``max_pending_per_peer`` of each peer and the newest ``max_pending`` in all. A dialer's
+    connection is a pipe within a round trip, so it is among the newest; one ended anyway
+    (a flood of newer ones) is seen by its dialer as a busy listener: it tries again."""
+    out: list[tuple[int, int]] = []
+    by_peer: dict[str, list[tuple[float, str, int, int]]] = {}
+    for conn in sorted(conns):
+        by_peer.setdefault(conn[1], []).append(conn)
+    kept: list[tuple[float, str, int, int]] = []
+    for group in by_peer.values():
+        cut = max(0, len(group) - limits.max_pending_per_peer)
+        out += [(conn[2], conn[3]) for conn in group[:cut]]
+        kept += group[cut:]
+    kept.sort()
+    cut = max(0, len(kept) - limits.max_pending)
+    out += [(conn[2], conn[3]) for conn in kept[:cut]]
+    return out
 
 
 _acceptor = _Acceptor()
@@ -430,6 +564,10 @@ class NngListener:
         # data connections of authenticated dialers: conn -> (token, deadline, address).
         self._greeted: dict[int, tuple[Any, float, str]] = {}
         self._pending: dict[_Conn, tuple[bytes, float, str]] = {}
+        #: Every connection of the front socket (all unauthenticated: a dialer leaves it once
+        #: its handshake is done), oldest first: pipe id -> (pipe, since, peer identity, over
+        #: the limits: its greeting is answered BUSY).
+        self._front_pipes: dict[int, tuple[Any, float, str, bool]] = {}
         self._inbox: deque[tuple[bytes, Hashable]] = deque()
         self._callbacks: list[PeerCallback] = []
         self._closed = False
@@ -439,16 +577,67 @@ class NngListener:
         if tls is not None:
             self._front.tls_config = tls
         self._front.recv_max_size = MAX_HANDSHAKE_FRAME + 32
+        self._front.add_pre_pipe_connect_cb(self._front_arriving)
+        self._front.add_post_pipe_remove_cb(self._front_removed)
         try:
             listener = self._front.listen(transport.url(bind_host, port))
         except pynng.NNGException as exc:
             self._front.close()
             raise TransportError(f"fiber-nng cannot listen on {bind_host}:{port}: {exc}") from None
         self.port = _port_of(listener)
+        _defer_accept(self.port)
         self._front_fd = int(self._front.recv_fd)
         scheme = TLS_SCHEME if transport.tls else SCHEME
         self.address = f"{scheme}{_bracket(advertise_host)}:{self.port}"
         self._accept_wake = _acceptor.add(self)
+
+    def ports_and_pipes(self) -> list[tuple[int, set[tuple[int, int]]]]:
+        """Each local port of this listener (front and data sockets) with its connections that
+        are pipes, as (local port, remote port): the accept thread's look at descriptors."""
+        if self._closed:
+            return []
+        with self._lock:
+            front = [p for p, _, _, _ in self._front_pipes.values()]
+            conns = list(self._pending) + list(self._peers.values())
+        out = [(self.port, {ports for p in front for ports in [_ports_of(p)] if ports is not None})]
+        for conn in conns:
+            try:
+                port = _port_of(conn.sock.listeners[0])
+                pipes = list(conn.sock.pipes)
+            except Exception:
+                continue
+            out.append((port, {ports for p in pipes for ports in [_ports_of(p)] if ports is not None}))
+        return out
+
+    # -- nng's threads: the front socket's connections, admitted or shed as they come ---------------
+    def _front_arriving(self, pipe: Any) -> None:
+        """A new connection to the front socket: it counts as unauthenticated until it leaves.
+        At the limits the oldest one (:func:`~fibercore.wire.admission.make_room`) is closed
+        to make room; with none old enough to close, the newcomer stays over the limits (its
+        greeting is answered BUSY) up to twice ``max_pending``, beyond which it is refused."""
+        now = time.monotonic()
+        who = peer_identity(_host_of(pipe))
+        limits = self._auth.limits
+        victim = None
+        with self._lock:
+            entries: list[tuple[Any, Hashable, float | None]] = [
+                (pid, w, since) for pid, (_, since, w, _) in self._front_pipes.items()]
+            entries += [(conn, w, None) for conn, (_, _, w) in self._pending.items()]
+            room, key = make_room(entries, who, limits, now)
+            refuse = self._closed or (not room and len(self._front_pipes) >= 2 * limits.max_pending)
+            if isinstance(key, int):
+                victim = self._front_pipes.pop(key)[0]
+                self._greeted.pop(key, None)
+            if not refuse:
+                self._front_pipes[pipe.id] = (pipe, now, who, not room)
+        _close_pipe(victim)
+        if refuse:
+            _close_pipe(pipe)
+
+    def _front_removed(self, pipe: Any) -> None:
+        with self._lock:
+            self._front_pipes.pop(pipe.id, None)
+            self._greeted.pop(pipe.id, None)
 
     # -- the accept thread (:class:`_Acceptor`): handshakes, data connections, departures -----------
     def accept_fds(self) -> list[int]:
@@ -461,18 +650,25 @@ class NngListener:
 
     def deadlines(self) -> list[float]:
         """When handshakes and data connections in progress run out of time."""
+        timeout = self._auth.limits.handshake_timeout
         with self._lock:
-            return [d for _, d, _ in self._greeted.values()] + [d for _, d, _ in self._pending.values()]
+            return [since + timeout for _, since, _, _ in self._front_pipes.values()] + [
+                d for _, d, _ in self._pending.values()]
 
     def accept_step(self, ready: set[int]) -> None:
         """What the accept thread does for this listener after each wake-up."""
         if self._closed:
             return
         now = time.monotonic()
-        with self._lock:
-            for pipe_id in [k for k, (_, deadline, _) in self._greeted.items() if deadline < now]:
-                del self._greeted[pipe_id]  # it did not prove itself in time
+        late = now - self._auth.limits.handshake_timeout
+        with self._lock:  # a front connection that did not prove itself in time is closed
+            expired = [k for k, (_, since, _, _) in self._front_pipes.items() if since < late]
+            stale = [self._front_pipes.pop(k)[0] for k in expired]
+            for pipe_id in expired:
+                self._greeted.pop(pipe_id, None)
             pending = list(self._pending.items())
+        for pipe in stale:
+            _close_pipe(pipe)
         if self._front_fd in ready:
             self._answer_front()
         for conn, (token, deadline, who) in pending:
@@ -487,18 +683,18 @@ class NngListener:
             msg = self._front.recv_msg(block=False)
         except (pynng.TryAgain, pynng.Closed):
             return
-        data, who, pipe_id = bytes(msg.bytes), _remote_host(msg), _pipe_id(msg)
+        data, host, pipe_id = bytes(msg.bytes), _remote_host(msg), _pipe_id(msg)
+        who = peer_identity(host)
         reply = _BUSY
         with self._lock:
             state = self._greeted.pop(pipe_id, None)
         if data == _HELLO:
             limits = self._auth.limits
             with self._lock:
-                waiting = [w for _, _, w in self._greeted.values()] + [w for _, _, w in self._pending.values()]
-                room = (len(waiting) < limits.max_pending and waiting.count(who) < limits.max_pending_per_peer
-                        and len(self._peers) < limits.max_peers)
+                entry = self._front_pipes.get(pipe_id)
+                room = entry is not None and not entry[3] and len(self._peers) < limits.max_peers
                 if room:
-                    hs = self._auth.listener(label=f"{self.address} <- {who}")
+                    hs = self._auth.listener(label=f"{self.address} <- {host}")
                     self._greeted[pipe_id] = (hs, time.monotonic() + limits.handshake_timeout, who)
                     reply = hs.start() or _BUSY  # a listener's handshake always starts
         elif state is not None:
@@ -531,39 +727,55 @@ class NngListener:
             sock.tls_config = tls
         sock.recv_max_size = self._auth.limits.max_frame
         sock.send_timeout = int(SEND_STEP * 1000)
-        conn = _Conn(sock, self._accept_wake, f"{self.address} <- {who}")
+        conn = _Conn(sock, self._accept_wake, f"{self.address} <- {who}", displace=True)
         conn.session = session
         try:
             sock.listen(self._transport.url(self._bind, 0))
         except pynng.NNGException:
             conn.close()
             return None
+        _defer_accept(_port_of(sock.listeners[0]))
         with self._lock:
             self._pending[conn] = (token, time.monotonic() + self._auth.limits.handshake_timeout, who)
         return conn
 
     def _check_token(self, conn: _Conn, token: bytes, deadline: float, who: str) -> None:
         """A data connection counts once its first frame is the token its handshake gave, from
-        the address that made the handshake; anything else closes it."""
-        if conn.gone or time.monotonic() > deadline:
+        the peer (:func:`~fibercore.wire.admission.peer_identity`) that made the handshake: it
+        is acknowledged (:data:`_OK`) and no other connection is taken from then on. A
+        connection that sends anything else is closed, and the socket waits for the next;
+        frames of connections replaced meanwhile are dropped unread."""
+        if conn.closed or time.monotonic() > deadline:
             self._give_up(conn)
             return
-        if not conn.connected:
-            return
-        frame = conn.recv_now()
-        if frame is None:
-            if conn.gone:
+        while True:
+            try:
+                with conn.lock:
+                    if conn.closed:
+                        raise pynng.Closed(-1, "closed")
+                    msg = conn.sock.recv_msg(block=False)
+            except pynng.TryAgain:
+                return
+            except pynng.NNGException:
                 self._give_up(conn)
-            return
-        try:
-            pipes = list(conn.sock.pipes)
-            there = str(pipes[0].remote_address).rsplit(":", 1)[0] if pipes else "?"
-        except pynng.NNGException:
-            there = "?"
-        if not hmac.compare_digest(frame, token) or there != who:
-            self._give_up(conn)
-            return
-        self._admit(conn, conn.session)
+                return
+            pipe_id = _pipe_id(msg)
+            if pipe_id != conn.pipe_id:
+                continue  # from a connection replaced since: nothing it sent is read
+            if (hmac.compare_digest(bytes(msg.bytes), token) and peer_identity(_remote_host(msg)) == who
+                    and conn.prove(pipe_id)):
+                try:
+                    with conn.lock:
+                        conn.sock.send(_OK)  # first, before any frame the core sends on it
+                except pynng.NNGException:
+                    self._give_up(conn)
+                    return
+                self._admit(conn, conn.session)
+                return
+            try:
+                _close_pipe(msg.pipe)  # a stranger that spoke: the next connection may be the peer
+            except Exception:
+                pass
 
     def _give_up(self, conn: _Conn) -> None:
         with self._lock:
@@ -692,6 +904,15 @@ class NngListener:
         return f"<NngListener {self.kind} {self.address}>"
 
 
+def _close_pipe(pipe: Any) -> None:
+    if pipe is None:
+        return
+    try:
+        pipe.close()
+    except Exception:  # already gone
+        pass
+
+
 def _pipe_id(msg: Any) -> int:
     try:
         return int(msg.pipe.id)
@@ -711,9 +932,132 @@ def _close_after(reading: threading.RLock, wake: _Wake) -> None:
 
 def _remote_host(msg: Any) -> str:
     try:
-        return str(msg.pipe.remote_address).rsplit(":", 1)[0]
+        return _host_of(msg.pipe)
     except Exception:
         return "?"
+
+
+def _host_of(pipe: Any) -> str:
+    try:
+        return str(pipe.remote_address).rsplit(":", 1)[0]
+    except Exception:
+        return "?"
+
+
+def _ports_of(pipe: Any) -> tuple[int, int] | None:
+    """(local port, remote port) of a pipe's TCP connection."""
+    try:
+        return int(str(pipe.local_address).rsplit(":", 1)[1]), int(str(pipe.remote_address).rsplit(":", 1)[1])
+    except Exception:
+        return None
+
+
+def _tcp_connections(ports: set[int]) -> list[tuple[int, int, int, str, int]]:
+    """This process's established TCP connections whose local port is in ``ports``:
+    (local port, remote port, remote host, inode, descriptor), from /proc (Linux; elsewhere none)."""
+    inodes: dict[int, int] = {}
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:
+        return []
+    for name in names:
+        try:
+            link = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes[int(link[8:-1])] = int(name)
+    found = []
+    for table, size in (("/proc/self/net/tcp", 4), ("/proc/self/net/tcp6", 16)):
+        try:
+            with open(table) as f:
+                lines = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) < 10 or fields[3] != "01":
+                continue
+            local, remote, inode = fields[1], fields[2], int(fields[9])
+            lport = int(local.rsplit(":", 1)[1], 16)
+            if lport not in ports or inode not in inodes:
+                continue
+            raw, rport = remote.rsplit(":", 1)
+            words = bytes.fromhex(raw)
+            packed = b"".join(struct.pack("<I", struct.unpack(">I", words[k:k + 4])[0]) for k in range(0, size, 4))
+            host = socket.inet_ntop(socket.AF_INET if size == 4 else socket.AF_INET6, packed)
+            found.append((lport, int(rport, 16), inode, host, inodes[inode]))
+    return found
+
+
+#: Seconds the kernel keeps a connection that sent nothing before nng may accept it.
+DEFER_ACCEPT = 2
+
+
+def _defer_accept(port: int) -> None:
+    """Set TCP_DEFER_ACCEPT on this process's socket listening on ``port`` (nng's, found in
+    /proc): a connection that sends nothing waits in the kernel, costing no descriptor here
+    (a dialer names its protocol at once, so it is accepted as before). Linux only."""
+    option = getattr(socket, "TCP_DEFER_ACCEPT", None)
+    if option is None:
+        return
+    wanted = set()
+    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        try:
+            with open(table) as f:
+                for line in f.read().splitlines()[1:]:
+                    fields = line.split()
+                    if len(fields) >= 10 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                        wanted.add(int(fields[9]))
+        except OSError:
+            continue
+    if not wanted:
+        return
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:
+        return
+    for name in names:
+        try:
+            link = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            continue
+        if link.startswith("socket:[") and int(link[8:-1]) in wanted:
+            try:
+                dup = os.dup(int(name))
+            except OSError:
+                continue
+            sock = socket.socket(fileno=dup)
+            try:
+                if os.fstat(dup).st_ino in wanted:
+                    sock.setsockopt(socket.IPPROTO_TCP, option, DEFER_ACCEPT)
+            except OSError:
+                pass
+            finally:
+                sock.close()  # the duplicate only
+
+
+def _shut(fd: int, inode: int) -> None:
+    """End the TCP connection behind descriptor ``fd`` if it still is socket ``inode`` (nng's
+    own: nng sees it end and closes it; this never closes nng's descriptor itself)."""
+    try:
+        dup = os.dup(fd)
+    except OSError:
+        return
+    try:
+        if os.fstat(dup).st_ino != inode:
+            return
+        sock = socket.socket(fileno=dup)
+        dup = -1
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        finally:
+            sock.close()  # the duplicate only
+    finally:
+        if dup >= 0:
+            os.close(dup)
 
 
 class NngDialer:
@@ -729,27 +1073,72 @@ class NngDialer:
         self._reading = threading.RLock()
         self._reported = False
         host, port = _host_port(address)
-        session, token, pair_port = self._handshake(host, port, auth)
+        give_up = time.monotonic() + DIAL_PATIENCE
+        lost = 0
+        while True:
+            session, token, pair_port = self._handshake(host, port, auth, give_up)
+            conn = self._data_connection(host, pair_port, token, auth)
+            if conn is not None:
+                break
+            lost += 1  # another connection took its place first: a new handshake, a new port
+            if time.monotonic() > give_up:
+                raise TransportError(
+                    f"fiber-nng could not keep a data connection to {address}: {lost} times in "
+                    f"{DIAL_PATIENCE:.0f} s another connection to its port replaced it before the listener "
+                    "acknowledged it (another process connects to this listener's ports)")
+        self._conn = conn
+        self.peer: Any = session
+
+    def _data_connection(self, host: str, pair_port: int, token: bytes, auth: Authenticator) -> _Conn | None:
+        """The Pair0 connection the handshake gave: connected, its token sent, and acknowledged
+        by the listener (:data:`_OK`); None if the connection ended (replaced by another on
+        the listener's side) or went unacknowledged within the handshake timeout."""
         sock = _new_socket(pynng.Pair0)
-        tls = transport._tls_config(server=False)
+        tls = self._transport._tls_config(server=False)
         if tls is not None:
             sock.tls_config = tls
         sock.recv_max_size = auth.limits.max_frame
         sock.send_timeout = int(SEND_STEP * 1000)
-        self._conn = _Conn(sock, self._wake, address)
+        conn = _Conn(sock, self._wake, self.address, dialing=True)
         try:
-            sock.dial(transport.url(host, pair_port), block=True)
+            sock.dial(self._transport.url(host, pair_port), block=True)
             sock.send(token)  # the data connection is the one the handshake made
+        except pynng.Timeout:
+            conn.close()
+            return None
         except pynng.NNGException as exc:
-            self._conn.close()
-            raise TransportError(f"fiber-nng cannot connect to {address}: {exc}") from None
-        self.peer: Any = session
+            conn.close()
+            raise TransportError(f"fiber-nng cannot connect to {self.address}: {exc}") from None
+        deadline = time.monotonic() + max(auth.limits.handshake_timeout, 1.0)
+        while not conn.ended_early:
+            try:
+                msg = sock.recv_msg(block=False)
+            except pynng.TryAgain:
+                msg = None
+            except pynng.NNGException:
+                break
+            if msg is not None:
+                if bytes(msg.bytes) != _OK:
+                    break
+                conn.bind(_pipe_id(msg))
+                if conn.gone:
+                    break
+                return conn
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            try:
+                _readable([int(sock.recv_fd), self._wake.r], min(left, IDLE_STEP))
+            except (OSError, ValueError, pynng.NNGException):
+                pass
+            self._wake.clear()
+        conn.close()
+        return None
 
-    def _handshake(self, host: str, port: int, auth: Authenticator) -> tuple[Any, bytes, int]:
+    def _handshake(self, host: str, port: int, auth: Authenticator, give_up: float) -> tuple[Any, bytes, int]:
         """The core's handshake with the listener, over its front socket: (session, the token of
         the data connection, the port of its Pair0 socket). Greeted again, with pauses, while
         the listener answers BUSY."""
-        give_up = time.monotonic() + DIAL_PATIENCE
         pause = 0.05
         while True:
             hs = auth.dialer(label=self.address)
@@ -767,7 +1156,9 @@ class NngDialer:
                     hello = bytes(req.recv())
                 except pynng.ConnectionRefused:
                     raise TransportError(f"nothing listens at {self.address}") from None
-                except pynng.Timeout:  # a listener slow to answer (a flood, a loaded machine): as busy
+                except (pynng.Timeout, pynng.ConnectionReset, pynng.ConnectionAborted, pynng.Closed):
+                    # A listener slow to answer (a flood, a loaded machine), or that ended this
+                    # connection before its greeting (it makes room by closing its oldest): as busy.
                     hello = _BUSY
                 except pynng.NNGException as exc:
                     raise TransportError(f"fiber-nng cannot reach {self.address}: {exc}") from None
