@@ -140,6 +140,7 @@ class Broker:
         self.resting = threading.Condition(lock)  # the receiving thread, while getters read
         self.rest_untimed = False  # it waits for the reading getter to finish (no timed looks)
         self._counts = itertools.count(1)  # ids of COUNT requests
+        self.recalled_at: dict[Hashable, float] = {}  # readers asked to give back, since when
 
         self._ready: tuple[int, int] | None = None  # a pipe readable while items wait (ready_fd)
         self._ready_set = False
@@ -193,7 +194,9 @@ class Broker:
         for peer, reader in self.readers.items():
             if peer is not exclude and not reader.recalled and len(reader.leased) > 0:
                 reader.recalled = True
+                self.recalled_at[peer] = time.monotonic()
                 self.outbox.append((peer, [(RECALL, [])]))
+                self.work.notify()  # the dispatch thread watches for an answer from now on
 
     def _recall_for_starved(self) -> None:
         """RECALL lent items when a remote reader waits with nothing lent and nothing is here
@@ -393,6 +396,7 @@ class Broker:
 
     def _forget_peer(self, peer: Hashable) -> None:
         reader = self.readers.pop(peer, None)
+        self.recalled_at.pop(peer, None)
         if reader is not None:
             self.items.extendleft(reversed(reader.leased))
             reader.leased.clear()
@@ -538,6 +542,7 @@ class Broker:
                 back = [reader.leased.pop() for _ in range(n)]
                 self.items.extendleft(back)  # popped last-first: extendleft restores order
                 reader.recalled = False
+                self.recalled_at.pop(peer, None)
                 # A RETURN withdraws the reader's GET (the client counts it answered).
                 if any(w[0] is peer for w in self.waiting):
                     self.waiting = deque(w for w in self.waiting if w[0] is not peer)
@@ -565,12 +570,13 @@ class Broker:
 
     def _dispatch(self) -> None:
         """Serve waiting readers and send the replies of local operations; while a reader is
-        slow (:meth:`_deliver`), look every second whether it is stuck."""
+        slow (:meth:`_deliver`) or asked to give back what it holds, look every second whether
+        it is stuck (:meth:`_check_stuck`)."""
         checked = time.monotonic()
         while True:
-            if self.slow.any() and time.monotonic() - checked >= 1.0:
+            if self._watching() and time.monotonic() - checked >= 1.0:
                 checked = time.monotonic()
-                self.slow.check_stuck(STUCK_AFTER)
+                self._check_stuck()
             sends = None
             with self.cv:
                 while True:
@@ -581,11 +587,28 @@ class Broker:
                         break
                     if self.closed and self.peers <= 0:
                         return
-                    if self.slow.any() and time.monotonic() - checked >= 1.0:
+                    if self._watching() and time.monotonic() - checked >= 1.0:
                         break
-                    self.work.wait(1.0 if self.slow.any() else None)
+                    self.work.wait(1.0 if self._watching() else None)
             if sends is not None:
                 self._send_replies(sends)
+
+    def _watching(self) -> bool:
+        """Whether a reader may be stuck: its replies wait, or a RECALL is unanswered."""
+        return self.slow.any() or bool(self.recalled_at)
+
+    def _check_stuck(self) -> None:
+        """Drop readers stuck for :data:`STUCK_AFTER` seconds (not under cv): replies waiting
+        for room, or a RECALL not answered (a stopped reader, or one whose transport buffers
+        what it never reads): what they were lent goes to the others."""
+        self.slow.check_stuck(STUCK_AFTER)
+        now = time.monotonic()
+        with self.cv:
+            silent = [peer for peer, since in self.recalled_at.items() if now - since > STUCK_AFTER]
+            for peer in silent:
+                self.recalled_at.pop(peer, None)
+        for peer in silent:
+            self.slow.give_up(peer, f"it did not give back what it was lent within {STUCK_AFTER:.0f} s of being asked")
 
     def _send_replies(self, sends: list[tuple[Hashable, list[Any]]]) -> None:
         """Send replies (one thread at a time: ``sending``, so each reader gets its replies in
