@@ -47,12 +47,13 @@ from typing import Any, Protocol, runtime_checkable
 
 # What a transport gets from the core and may name: the authenticator of an endpoint, the
 # session a connection becomes, the limits, and the largest handshake message.
+from fibercore.wire.admission import make_room, peer_identity
 from fibercore.wire.handshake import MAX_HANDSHAKE_FRAME, Authenticator, Limits, Session
 
 PeerCallback = Callable[[Hashable, bool], None]  # (peer, added?)
 
 __all__ = ["MAX_HANDSHAKE_FRAME", "Authenticator", "DialEndpoint", "Endpoint", "FlowControl", "LaneEndpoint",
-           "LineEndpoint", "Limits", "PeerCallback", "Session", "Transport", "Wakeable"]
+           "LineEndpoint", "Limits", "PeerCallback", "Session", "Transport", "Wakeable", "make_room", "peer_identity"]
 
 
 @runtime_checkable

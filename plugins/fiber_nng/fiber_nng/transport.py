@@ -51,8 +51,7 @@ from typing import TYPE_CHECKING, Any
 import pynng
 
 from fibercore.errors import AuthenticationError, TransportClosed, TransportError, TransportTimeout
-from fibercore.transport import MAX_HANDSHAKE_FRAME
-from fibercore.wire.admission import make_room, peer_identity
+from fibercore.transport import MAX_HANDSHAKE_FRAME, make_room, peer_identity
 
 if TYPE_CHECKING:
     from fibercore.transport import Authenticator, PeerCallback
