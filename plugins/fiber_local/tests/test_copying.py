@@ -118,8 +118,10 @@ def test_missing_paths_are_one_line_errors(tmp_path):
 
 
 def test_a_held_process_is_signalled_only_while_it_runs():
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    child = subprocess.Popen([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(60)"],
+                             stdout=subprocess.PIPE)
     try:
+        assert child.stdout is not None and child.stdout.readline() == b"up\n"  # exec'd: its own environment
         held = owned.own_process(child.pid)
         assert held is not None and held.alive() and owned.is_mine(child.pid)
         assert b"PATH" in held.env
@@ -133,3 +135,5 @@ def test_a_held_process_is_signalled_only_while_it_runs():
         if child.poll() is None:
             child.kill()
             child.wait()
+        if child.stdout is not None:
+            child.stdout.close()
