@@ -917,18 +917,25 @@ def attack_churn(seconds: float) -> dict:
 
 
 @pytest.mark.builtin_transport  # the churn attacks the built-in's Unix sockets
-@pytest.mark.timeout(300)
-def test_churn_during_pool_starts_evicts_no_worker(local_user):
+def _three_pool8_starts() -> list[float]:
+    """Seconds each of three Pool(8)s took from its start to its first map's results."""
     from tests.security_tasks import square
 
-    child = local_user.spawn(attack_churn, 15.0)
-    time.sleep(1.0)
     starts = []
     for _ in range(3):
         t0 = time.monotonic()
         with mp.Pool(8) as p:
             assert p.map(square, range(64)) == [x * x for x in range(64)]
             starts.append(time.monotonic() - t0)
+    return starts
+
+
+@pytest.mark.timeout(300)
+def test_churn_during_pool_starts_evicts_no_worker(local_user):
+
+    child = local_user.spawn(attack_churn, 15.0)
+    time.sleep(1.0)
+    starts = _three_pool8_starts()
     got = local_user.result(child, timeout=120)
     assert got["attempts"] > 100 and got["unix_refused"] > 0
     assert max(starts) < 60
@@ -2522,12 +2529,7 @@ def test_seventy_loopback_addresses_holding_connections_slow_no_pool_start(local
     with _PortFeed() as feed:
         child = local_user.spawn(attack_hold_slots, (feed.r, feed.w), _SEVENTY, 1, "greet", _NNG, 90.0, canary)
         _wait_held(60)
-        starts = []
-        for _ in range(3):
-            t0 = time.monotonic()
-            with mp.Pool(8) as p:
-                assert p.map(square, range(64)) == [x * x for x in range(64)]
-                starts.append(time.monotonic() - t0)
+        starts = _three_pool8_starts()
     got = local_user.result(child, timeout=60)
     after = _process_and_queue()
     print(f"row 6: Pool(8) starts {[round(x, 2) for x in starts]} s (reference {reference:.2f} s), "

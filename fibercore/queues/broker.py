@@ -177,6 +177,7 @@ class Broker:
             self.paused.clear()
 
     def _ack(self, reader: Reader, consumed_total: int) -> None:
+        reader.mute = False  # it speaks: a COUNT may go to it again
         # Bounded by what is leased: a peer's count is a u64 it chose (2**64-1 must not loop).
         count = max(0, min(consumed_total - reader.acked, len(reader.leased)))
         if count:
@@ -518,26 +519,22 @@ class Broker:
             if reader is None:
                 reader = self.readers[peer] = Reader()
             self._ack(reader, read_u64(parts[1]))
-            reader.mute = False
             standing = len(parts) > 3 and read_u64(parts[3]) == 1
             self.waiting.append((peer, read_u64(parts[0]), read_u64(parts[2]) == 1, standing))
         elif op == ACK:
             reader = self.readers.get(peer)
             if reader is not None:
                 self._ack(reader, read_u64(parts[0]))
-                reader.mute = False
         elif op == COUNTED:
             reader = self.readers.get(peer)
             if reader is not None:
                 self._ack(reader, read_u64(parts[1]))
-                reader.mute = False
                 if reader.asked == bytes(parts[0]):
                     reader.asked = None
         elif op == RETURN:
             reader = self.readers.get(peer)
             if reader is not None:
                 self._ack(reader, read_u64(parts[0]))
-                reader.mute = False
                 n = min(read_u64(parts[1]), len(reader.leased))
                 back = [reader.leased.pop() for _ in range(n)]
                 self.items.extendleft(back)  # popped last-first: extendleft restores order
