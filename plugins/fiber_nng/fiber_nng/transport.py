@@ -951,41 +951,53 @@ def _ports_of(pipe: Any) -> tuple[int, int] | None:
         return None
 
 
-def _tcp_connections(ports: set[int]) -> list[tuple[int, int, int, str, int]]:
-    """This process's established TCP connections whose local port is in ``ports``:
-    (local port, remote port, remote host, inode, descriptor), from /proc (Linux; elsewhere none)."""
-    inodes: dict[int, int] = {}
+def _socket_descriptors() -> dict[int, int]:
+    """This process's sockets: inode -> descriptor (from /proc/self/fd; empty elsewhere)."""
+    found: dict[int, int] = {}
     try:
         names = os.listdir("/proc/self/fd")
     except OSError:
-        return []
+        return found
     for name in names:
         try:
             link = os.readlink(f"/proc/self/fd/{name}")
         except OSError:
             continue
         if link.startswith("socket:["):
-            inodes[int(link[8:-1])] = int(name)
-    found = []
+            found[int(link[8:-1])] = int(name)
+    return found
+
+
+def _tcp_table() -> list[tuple[list[str], int]]:
+    """The rows of /proc/self/net/tcp and tcp6 (fields split) with their address size."""
+    rows = []
     for table, size in (("/proc/self/net/tcp", 4), ("/proc/self/net/tcp6", 16)):
         try:
             with open(table) as f:
                 lines = f.read().splitlines()[1:]
         except OSError:
             continue
-        for line in lines:
-            fields = line.split()
-            if len(fields) < 10 or fields[3] != "01":
-                continue
-            local, remote, inode = fields[1], fields[2], int(fields[9])
-            lport = int(local.rsplit(":", 1)[1], 16)
-            if lport not in ports or inode not in inodes:
-                continue
-            raw, rport = remote.rsplit(":", 1)
-            words = bytes.fromhex(raw)
-            packed = b"".join(struct.pack("<I", struct.unpack(">I", words[k:k + 4])[0]) for k in range(0, size, 4))
-            host = socket.inet_ntop(socket.AF_INET if size == 4 else socket.AF_INET6, packed)
-            found.append((lport, int(rport, 16), inode, host, inodes[inode]))
+        rows += [(fields, size) for fields in map(str.split, lines) if len(fields) >= 10]
+    return rows
+
+
+def _tcp_connections(ports: set[int]) -> list[tuple[int, int, int, str, int]]:
+    """This process's established TCP connections whose local port is in ``ports``:
+    (local port, remote port, remote host, inode, descriptor), from /proc (Linux; elsewhere none)."""
+    inodes = _socket_descriptors()
+    found = []
+    for fields, size in _tcp_table():
+        if fields[3] != "01":
+            continue
+        local, remote, inode = fields[1], fields[2], int(fields[9])
+        lport = int(local.rsplit(":", 1)[1], 16)
+        if lport not in ports or inode not in inodes:
+            continue
+        raw, rport = remote.rsplit(":", 1)
+        words = bytes.fromhex(raw)
+        packed = b"".join(struct.pack("<I", struct.unpack(">I", words[k:k + 4])[0]) for k in range(0, size, 4))
+        host = socket.inet_ntop(socket.AF_INET if size == 4 else socket.AF_INET6, packed)
+        found.append((lport, int(rport, 16), inode, host, inodes[inode]))
     return found
 
 
@@ -1000,40 +1012,25 @@ def _defer_accept(port: int) -> None:
     option = getattr(socket, "TCP_DEFER_ACCEPT", None)
     if option is None:
         return
-    wanted = set()
-    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
-        try:
-            with open(table) as f:
-                for line in f.read().splitlines()[1:]:
-                    fields = line.split()
-                    if len(fields) >= 10 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
-                        wanted.add(int(fields[9]))
-        except OSError:
-            continue
+    wanted = {int(fields[9]) for fields, _size in _tcp_table()
+              if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port}
     if not wanted:
         return
-    try:
-        names = os.listdir("/proc/self/fd")
-    except OSError:
-        return
-    for name in names:
+    for inode, fd in _socket_descriptors().items():
+        if inode not in wanted:
+            continue
         try:
-            link = os.readlink(f"/proc/self/fd/{name}")
+            dup = os.dup(fd)
         except OSError:
             continue
-        if link.startswith("socket:[") and int(link[8:-1]) in wanted:
-            try:
-                dup = os.dup(int(name))
-            except OSError:
-                continue
-            sock = socket.socket(fileno=dup)
-            try:
-                if os.fstat(dup).st_ino in wanted:
-                    sock.setsockopt(socket.IPPROTO_TCP, option, DEFER_ACCEPT)
-            except OSError:
-                pass
-            finally:
-                sock.close()  # the duplicate only
+        sock = socket.socket(fileno=dup)
+        try:
+            if os.fstat(dup).st_ino in wanted:
+                sock.setsockopt(socket.IPPROTO_TCP, option, DEFER_ACCEPT)
+        except OSError:
+            pass
+        finally:
+            sock.close()  # the duplicate only
 
 
 def _shut(fd: int, inode: int) -> None:
