@@ -916,7 +916,6 @@ def attack_churn(seconds: float) -> dict:
     return {"attempts": attempts, "unix_refused": unix_refused}
 
 
-@pytest.mark.builtin_transport  # the churn attacks the built-in's Unix sockets
 def _three_pool8_starts() -> list[float]:
     """Seconds each of three Pool(8)s took from its start to its first map's results."""
     from tests.security_tasks import square
@@ -930,6 +929,7 @@ def _three_pool8_starts() -> list[float]:
     return starts
 
 
+@pytest.mark.builtin_transport  # the churn attacks the built-in's Unix sockets
 @pytest.mark.timeout(300)
 def test_churn_during_pool_starts_evicts_no_worker(local_user):
 
