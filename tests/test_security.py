@@ -2610,7 +2610,10 @@ def test_nng_front_sockets_held_without_proof_are_shed(local_user, tmp_path, mod
           f"median {worst[len(worst) // 2]}, max {worst[-1]}; attacker {got}")
     assert not os.path.exists(canary)
     assert got["held_most"] >= 32, got  # at least one listener's front took that many
-    assert max(during) < max(5.0, 3 * reference), (during, reference)
+    # The same round without the attack, before it and after it, the slower of the two: the
+    # machine's load then is the load during the attack, give or take (a busy CI machine).
+    quiet = max(reference, after)
+    assert max(during) < max(5.0, 3 * quiet), (during, reference, after)
     assert after < max(5.0, 3 * reference), after
     # Bounded per listener, whatever else the process listens on: silent connections wait in
     # the kernel, the rest beyond 32 per peer are ended (ae64460: see the commit).

@@ -96,7 +96,8 @@ NOT_APPLICABLE: dict[str, str] = {
     "_TestBarrier.test_thousand": "five jobs write into one end of one Pipe and expect the reader "
         "to get their messages in the order a Lock put them in: an OS pipe is one buffer they all "
         "write into; a fibercore Pipe end sent to several jobs gives each its own connection, and "
-        "messages on different connections are not ordered (the Barrier itself keeps the rounds: "
+        "messages on different connections are not ordered; matching it would make every send on a "
+        "shared end wait for the reader's acknowledgement (the Barrier itself keeps the rounds: "
         "tests/test_sync.py checks the same 5-job rounds through shared state)",
     "_TestPoll.test_boundaries": "reads one end of a Pipe from two processes (an OS pipe is one "
         "buffer they share); a fibercore Pipe connects two processes: use a Queue for several readers",

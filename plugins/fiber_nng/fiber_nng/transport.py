@@ -78,6 +78,13 @@ TOKEN = 16
 SCAN_STEP = 0.25
 #: Descriptors the process may gain between two full looks at its connections.
 SCAN_MARGIN = 32
+#: Milliseconds before nng redials a dialling socket's lost connection: a day, i.e. never in
+#: practice. Each of nng's background redials resolves the address on nng's resolver thread,
+#: and a socket closed while that resolution is in flight aborts the whole process (nng 1.11:
+#: ``panic: pthread_mutex_lock`` in ``resolv_worker``, nanomsg/nng#2110 and #2209; reproduced
+#: by ``tests/test_nng_storm.py``). fiber-nng never relies on a redial: a lost data connection
+#: is a lost peer, a lost greeting is greeted again on a new socket (:func:`_ask`).
+NO_REDIAL_MS = 86_400_000
 
 
 class _Wake:
@@ -140,10 +147,44 @@ _used_in: int | None = None
 _sockets: weakref.WeakSet[pynng.Socket] = weakref.WeakSet()
 
 
-def _new_socket(kind: type[pynng.Socket]) -> pynng.Socket:
+def _new_socket(kind: type[pynng.Socket], dialling: bool = False) -> pynng.Socket:
+    """A pynng socket this process tracks (see :func:`_forked_after_use`); a ``dialling`` one
+    never redials in the background (:data:`NO_REDIAL_MS`)."""
     sock = kind()
     _sockets.add(sock)
+    if dialling:
+        sock.reconnect_time_min = sock.reconnect_time_max = NO_REDIAL_MS
     return sock
+
+
+def _numeric(host: str) -> str:
+    """``host`` as a numeric address, resolved here once: nng then finds nothing to look up
+    (a name's lookup would keep nng's resolver busy while the dial waits)."""
+    try:
+        return str(socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0][4][0])
+    except (OSError, IndexError):
+        return host  # nng reports the failure in its own words
+
+
+def _ask(req: pynng.Socket, payload: bytes, timeout: float, cut: threading.Event, wake: _Wake) -> bytes | None:
+    """One request and its reply on a dialled Req0 socket that never redials; None when the
+    listener ended the connection first (it makes room by closing its oldest) or did not answer
+    within ``timeout`` seconds (a flood, a loaded machine): both mean "greet again later"."""
+    req.send(payload)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return bytes(req.recv(block=False))
+        except pynng.TryAgain:
+            pass
+        left = deadline - time.monotonic()
+        if cut.is_set() or left <= 0:
+            return None
+        try:
+            _readable([int(req.recv_fd), wake.r], min(left, IDLE_STEP))
+        except (OSError, ValueError):
+            pass
+        wake.clear()
 
 
 def _forked_after_use() -> None:
@@ -1069,6 +1110,8 @@ class NngDialer:
         self._reading = threading.RLock()
         self._reported = False
         host, port = _host_port(address)
+        if transport.tls is None or transport.tls.get("server_name"):
+            host = _numeric(host)  # (with TLS and no server name, nng checks the name in the URL)
         give_up = time.monotonic() + DIAL_PATIENCE
         lost = 0
         while True:
@@ -1089,7 +1132,7 @@ class NngDialer:
         """The Pair0 connection the handshake gave: connected, its token sent, and acknowledged
         by the listener (:data:`_OK`); None if the connection ended (replaced by another on
         the listener's side) or went unacknowledged within the handshake timeout."""
-        sock = _new_socket(pynng.Pair0)
+        sock = _new_socket(pynng.Pair0, dialling=True)
         tls = self._transport._tls_config(server=False)
         if tls is not None:
             sock.tls_config = tls
@@ -1136,29 +1179,35 @@ class NngDialer:
         the data connection, the port of its Pair0 socket). Greeted again, with pauses, while
         the listener answers BUSY."""
         pause = 0.05
+        wait = max(auth.limits.handshake_timeout, 1.0)
         while True:
             hs = auth.dialer(label=self.address)
-            req = _new_socket(pynng.Req0)
+            req = _new_socket(pynng.Req0, dialling=True)
             tls = self._transport._tls_config(server=False)
             if tls is not None:
                 req.tls_config = tls
             req.recv_max_size = MAX_HANDSHAKE_FRAME + 32
-            req.recv_timeout = int(max(auth.limits.handshake_timeout, 1.0) * 1000)
-            req.send_timeout = req.recv_timeout
+            req.send_timeout = int(wait * 1000)
+            cut = threading.Event()
+
+            def _cut(_pipe: Any, cut: threading.Event = cut) -> None:
+                cut.set()
+                self._wake.set()
+
+            req.add_post_pipe_remove_cb(_cut)
             try:
                 try:
                     req.dial(self._transport.url(host, port), block=True)
-                    req.send(_HELLO)
-                    hello = bytes(req.recv())
+                    hello = _ask(req, _HELLO, wait, cut, self._wake)
                 except pynng.ConnectionRefused:
                     raise TransportError(f"nothing listens at {self.address}") from None
                 except (pynng.Timeout, pynng.ConnectionReset, pynng.ConnectionAborted, pynng.Closed):
-                    # A listener slow to answer (a flood, a loaded machine), or that ended this
-                    # connection before its greeting (it makes room by closing its oldest): as busy.
-                    hello = _BUSY
+                    hello = None
                 except pynng.NNGException as exc:
                     raise TransportError(f"fiber-nng cannot reach {self.address}: {exc}") from None
-                if hello != _BUSY:
+                # None: a listener slow to answer (a flood, a loaded machine), or that ended this
+                # connection before its greeting (it makes room by closing its oldest): as busy.
+                if hello is not None and hello != _BUSY:
                     try:
                         proof = hs.feed(hello)
                     except Exception as exc:
@@ -1167,16 +1216,15 @@ class NngDialer:
                             "session's, or a manager with another authkey, or not a fibercore endpoint") from None
                     assert proof is not None
                     try:
-                        req.send(proof)
-                        answer = bytes(req.recv())
+                        # Unanswered within the listener's own handshake timeout (or cut): it has
+                        # given this greeting up (and any data socket it made for it), so a new
+                        # one is safe. Greeted again, as when busy.
+                        answer = _ask(req, proof, wait, cut, self._wake)
                     except pynng.Timeout:
-                        # No answer within the listener's own handshake timeout: it has given
-                        # this greeting up (and any data socket it made for it), so a new one
-                        # is safe. Greeted again, as when busy.
-                        answer = _BUSY
+                        answer = None
                     except pynng.NNGException as exc:
                         raise TransportError(f"the listener at {self.address} went away: {exc}") from None
-                    if answer == _BUSY:
+                    if answer is None or answer == _BUSY:
                         pass
                     elif answer == _REFUSED or len(answer) <= MAC_SIZE + TOKEN:
                         raise AuthenticationError(
