@@ -3,9 +3,26 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+
+@contextmanager
+def cpu_burners(n: int) -> Iterator[None]:
+    """``n`` processes burning a CPU each while the block runs (a busy machine), stopped by
+    their PIDs after it."""
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    try:
+        yield
+    finally:
+        for burner in burners:
+            burner.kill()
+            burner.wait()
 
 
 def put_items(q: Any, items: list[Any]) -> None:

@@ -35,7 +35,7 @@ from fibercore import queues
 from fibercore.errors import TransportTimeout
 from fibercore.wire import stats
 from fibercore.wire.handshake import MAGIC, Authenticator
-from tests.helpers import make_ca, node_cert, tcp_target
+from tests.helpers import cpu_burners, make_ca, node_cert, tcp_target
 
 HEADER = struct.Struct("<I")
 
@@ -932,7 +932,6 @@ def _three_pool8_starts() -> list[float]:
 @pytest.mark.builtin_transport  # the churn attacks the built-in's Unix sockets
 @pytest.mark.timeout(300)
 def test_churn_during_pool_starts_evicts_no_worker(local_user):
-
     child = local_user.spawn(attack_churn, 15.0)
     time.sleep(1.0)
     starts = _three_pool8_starts()
@@ -2491,12 +2490,8 @@ def _process_and_queue() -> float:
 def _process_and_queue_beside_a_burner() -> float:
     """:func:`_process_and_queue` while one more process burns a CPU: the reference for a round
     during an attack, whose attacker is a process busy on the same CPUs (opening, renewing)."""
-    burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    try:
+    with cpu_burners(1):
         return _process_and_queue()
-    finally:
-        burner.kill()
-        burner.wait()
 
 
 def _held_from_127_0_2() -> int:

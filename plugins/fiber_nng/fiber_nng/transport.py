@@ -82,7 +82,7 @@ SCAN_MARGIN = 32
 #: practice. Each of nng's background redials resolves the address on nng's resolver thread,
 #: and a socket closed while that resolution is in flight aborts the whole process (nng 1.11:
 #: ``panic: pthread_mutex_lock`` in ``resolv_worker``, nanomsg/nng#2110 and #2209; reproduced
-#: by ``tests/test_nng_storm.py``). fiber-nng never relies on a redial: a lost data connection
+#: by the plugin's ``tests/nng_storm.py``). fiber-nng never relies on a redial: a lost data connection
 #: is a lost peer, a lost greeting is greeted again on a new socket (:func:`_ask`).
 NO_REDIAL_MS = 86_400_000
 
@@ -158,8 +158,8 @@ def _new_socket(kind: type[pynng.Socket], dialling: bool = False) -> pynng.Socke
 
 
 def _numeric(host: str) -> str:
-    """``host`` as a numeric address, resolved here once: nng then finds nothing to look up
-    (a name's lookup would keep nng's resolver busy while the dial waits)."""
+    """``host`` as a numeric address, resolved here once: nng's own lookup of it is then a
+    parse, not a name service query that keeps nng's resolver busy while the dial waits."""
     try:
         return str(socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0][4][0])
     except (OSError, IndexError):

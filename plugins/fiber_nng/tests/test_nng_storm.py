@@ -15,11 +15,9 @@ import pytest
 from fiber_nng.transport import _new_socket
 from nng_storm import cutting_port
 
+from tests.helpers import cpu_burners
+
 STORM = Path(__file__).with_name("nng_storm.py")
-
-
-def _burners(n: int) -> list[subprocess.Popen]:
-    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
 
 
 @pytest.mark.slow
@@ -28,14 +26,9 @@ def test_a_thousand_dialers_made_and_closed_under_load_never_abort():
     connections are cut at once and that are closed 0-10 ms later, over 8 threads, with two
     CPU-burning processes beside them: the process ends normally and every frame arrived.
     (The same storm with nng's redial made fast, 1 ms, aborts on this nng: see the README.)"""
-    burners = _burners(2)
-    try:
+    with cpu_burners(2):
         run = subprocess.run([sys.executable, str(STORM), "1000", "2000", "8"], capture_output=True, text=True,
                              timeout=170, cwd=Path(__file__).parents[3])
-    finally:
-        for b in burners:
-            b.kill()
-            b.wait()
     assert "panic" not in run.stderr, run.stderr[-2000:]
     assert run.returncode == 0, (run.returncode, run.stderr[-2000:])
     assert run.stdout.split() == ["delivered", "1000"]
