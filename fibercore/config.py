@@ -85,6 +85,8 @@ CORE_OPTIONS: tuple[Option, ...] = (
     Option("pool_progress", bool, False, "Show a tqdm progress bar for every Pool map/imap (or pass progress=True to "
                                          "one call)."),
     Option("pool_max_task_retries", int, 3, "Times a Pool task is rerun after its worker died before it fails."),
+    Option("pool_max_error_retries", int, 10, "With Pool(error_handling=True): times a task whose function raised "
+                                              "is rerun before its exception is the result."),
     Option("transport", str, "tcp", "Which transport carries frames: tcp (the built-in: TCP, Unix sockets on one "
                                     "machine, TLS with tls = true) or the name a transport plugin answers to."),
     Option("tls", bool, False, "Run every endpoint over tls+tcp (needs tls_cert_file and tls_ca_file)."),

@@ -120,12 +120,17 @@ def test_error_handling_unordered():
 
 
 def test_error_handling_is_bounded_and_off_by_default():
-    """A task that always raises fails after max_task_retries reruns; without the flag it
-    fails at once, as in multiprocessing."""
-    with fiber.Pool(2, error_handling=True, max_task_retries=2) as pool:
+    """A task that always raises fails after max_error_retries reruns (10 by default: the
+    original retried forever, and its own tests above fail with 3 about once in 250 runs);
+    without the flag it fails at once, as in multiprocessing."""
+    with fiber.Pool(2, error_handling=True, max_error_retries=2) as pool:
         with pytest.raises(ValueError, match="boom"):
             pool.apply(T.raise_value_error, ("boom",))
         assert pool._core.stats["rerun_after_error"] == 2
+    with fiber.Pool(2, error_handling=True) as pool:
+        with pytest.raises(ValueError, match="boom"):
+            pool.apply(T.raise_value_error, ("boom",))
+        assert pool._core.stats["rerun_after_error"] == 10
     with fiber.Pool(1) as pool:
         with pytest.raises(ValueError, match="boom"):
             pool.apply(T.raise_value_error, ("boom",))

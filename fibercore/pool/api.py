@@ -63,8 +63,10 @@ class Pool:
       ``progress``: a tqdm bar for every map/imap of this pool (True, or a dict of tqdm
       arguments; config ``pool_progress``); each map/imap call also takes ``progress=``;
       ``error_handling``: the original fiber's resilient pool: a task whose function
-      raised runs again, up to ``max_task_retries`` times, before its exception is the
-      result (default False: raised at once, as multiprocessing).
+      raised runs again, up to ``max_error_retries`` times (config
+      ``pool_max_error_retries``, default 10: a function that fails 5% of the time
+      then fails a task about once in 10^13), before its exception is the result
+      (default False: raised at once, as multiprocessing).
     """
 
     def __init__(
@@ -83,6 +85,7 @@ class Pool:
         max_processes: int | None = None,
         idle_timeout: float = 10.0,
         error_handling: bool | None = None,
+        max_error_retries: int | None = None,
         progress: ProgressArg = None,
     ) -> None:
         self._core: Scheduler | None = None
@@ -108,6 +111,9 @@ class Pool:
         retries = cfg.get("pool_max_task_retries") if max_task_retries is None else max_task_retries
         if retries is None or retries < 0:
             raise ValueError("max_task_retries must be 0 or more")
+        error_retries = cfg.get("pool_max_error_retries") if max_error_retries is None else max_error_retries
+        if error_retries is None or error_retries < 0:
+            raise ValueError("max_error_retries must be 0 or more")
         resources = dict(getattr(initializer, "__fiber_meta__", None) or {})
         resources.update({k: v for k, v in (("cpu", cpu), ("memory", memory), ("gpu", gpu)) if v is not None})
         self._resources = resources
@@ -136,7 +142,7 @@ class Pool:
             min_size=min_processes,
             max_size=max_processes,
             idle_timeout=idle_timeout,
-            error_retries=int(retries) if error_handling else 0,
+            error_retries=int(error_retries) if error_handling else 0,
         )
         # A pool nobody closes is terminated when collected or at exit (never from
         # the collector's own thread: see fibercore.lifetime).
