@@ -1,6 +1,6 @@
 """Markers for the external resources a test needs, from the fixtures it uses, so that
 ``pytest -m "not needs_docker and not needs_k8s and not needs_slurm and not needs_sshd and
-not needs_moto"`` is the quick run of a machine without them (CONTRIBUTING.md)."""
+not needs_moto and not needs_cluster"`` is the quick run of a machine without them (CONTRIBUTING.md)."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ NEEDS = {
     "kubeconfig": ("needs_k8s",),
     "slurm_conf": ("needs_slurm",),
     "ssh_keys": ("needs_sshd",),
+    "ssh_cluster": ("needs_docker", "needs_sshd", "needs_cluster"),
 }
 
 
@@ -67,13 +68,19 @@ def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
             for marker, why in OTHER_TRANSPORT_SKIPS.items():
                 if item.get_closest_marker(marker) is not None:
                     item.add_marker(pytest.mark.skip(reason=f"on transport {transport!r}: {why}"))
-    last = [item for item in items if item.name == HOOKS_CALLED]
-    for item in last:  # after every other test: it reads what they called
-        items.remove(item)
-        items.append(item)
     for item in items:
         names = set(getattr(item, "fixturenames", ()))
         for fixture, markers in NEEDS.items():
             if fixture in names:
                 for marker in markers:
                     item.add_marker(getattr(pytest.mark, marker))
+    # The multi-host cluster's tests run alone, after the others (they inject network faults
+    # and own the machine's docker for a while); the hook check comes last of all.
+    cluster = [item for item in items if item.get_closest_marker("needs_cluster") is not None]
+    for item in cluster:
+        items.remove(item)
+        items.append(item)
+    last = [item for item in items if item.name == HOOKS_CALLED]
+    for item in last:  # after every other test: it reads what they called
+        items.remove(item)
+        items.append(item)

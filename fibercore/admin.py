@@ -21,9 +21,15 @@ The wire protocol, step by step:
   3. The hub answers PREP(prep data, process) to that peer only. A token is used
      once; an unknown token gets ERROR and nothing else.
   4. The worker runs the process and sends EXIT(exitcode) before it exits.
-  5. The hub sends PING to every connected worker every ``heartbeat_interval``; a
-     worker that hears nothing for ``heartbeat_timeout``, or whose connection
-     closes, exits by itself: a dead master leaves no orphan jobs.
+  5. The hub sends PING to every connected worker on another machine every
+     ``heartbeat_interval``, and the worker answers PONG. A worker that hears nothing
+     for ``heartbeat_timeout``, or whose connection closes, exits by itself: a dead or
+     cut-off master leaves no orphan jobs. Symmetrically, a worker silent for
+     ``heartbeat_timeout`` (its host partitioned, frozen or gone without a FIN) is
+     declared lost: its connection is dropped and :attr:`Launch.lost` says why, which
+     its Process reports as an exit (-9) and a Pool as a lost worker whose tasks rerun.
+     Both sides use the same bound, so a stale job ends by itself by the time its
+     master has given up on it.
 """
 
 from __future__ import annotations
@@ -41,7 +47,9 @@ from fibercore.wire import malformed
 
 log = logging.getLogger("fibercore.admin")
 
-HELLO, PREP, EXIT, PING, ERROR = 1, 2, 3, 4, 5
+HELLO, PREP, EXIT, PING, ERROR, PONG = 1, 2, 3, 4, 5, 6
+#: HELLO's fourth part from a worker that answers PING with PONG (older workers send three).
+ANSWERS_PING = b"pong"
 
 
 class Launch:
@@ -56,6 +64,9 @@ class Launch:
         self.remote_pid: int | None = None
         self.remote_host: str | None = None
         self.reported_exit: int | None = None
+        self.watched = False  # on another machine and answers PING: may be declared lost
+        self.last_heard = 0.0  # monotonic time of its last message
+        self.lost: str | None = None  # why the hub declared it lost (silent past the bound)
 
 
 class AdminHub:
@@ -67,6 +78,7 @@ class AdminHub:
         self._launches: dict[str, Launch] = {}
         self._by_peer: dict[Hashable, Launch] = {}
         self._interval = float(rt.config.get("heartbeat_interval") or 2.0)
+        self._silence = float(rt.config.get("heartbeat_timeout") or 20.0)
         self.channel.on_peer_event(self._peer_event)
         self._thread = threading.Thread(target=self._serve, name="fiber-admin", daemon=True)
         self._thread.start()
@@ -121,7 +133,12 @@ class AdminHub:
                 self._ping()
 
     def _handle(self, op: int, parts: list[memoryview], peer: Hashable) -> None:
-        if op == HELLO:
+        if op == PONG:
+            with self._lock:
+                launch = self._by_peer.get(peer)
+            if launch is not None:
+                launch.last_heard = time.monotonic()
+        elif op == HELLO:
             token = bytes(parts[0]).decode()
             with self._lock:
                 launch = self._launches.get(token)
@@ -136,6 +153,9 @@ class AdminHub:
                 return
             launch.remote_pid = int(bytes(parts[1]))
             launch.remote_host = bytes(parts[2]).decode()
+            launch.watched = (len(parts) > 3 and bytes(parts[3]) == ANSWERS_PING
+                              and not getattr(peer, "private", False))
+            launch.last_heard = time.monotonic()
             self.channel.send([(PREP, launch.payload)], peer)
             launch.payload = []  # the token is spent; free the pickled process
             launch.connected.set()
@@ -147,11 +167,31 @@ class AdminHub:
                 launch.gone.set()
 
     def _ping(self) -> None:
+        now = time.monotonic()
         for peer in self._remote_peers():
+            with self._lock:
+                launch = self._by_peer.get(peer)
+            if launch is not None and launch.watched and now - launch.last_heard > self._silence:
+                self._declare_lost(peer, launch, now - launch.last_heard)
+                continue
             try:
-                self.channel.send([(PING, [])], peer)
-            except Exception:  # the peer went away meanwhile
+                # Never blocks: a peer whose buffers are full (frozen) is judged by its silence.
+                self.channel.send([(PING, [])], peer, block=False)
+            except Exception:  # the peer went away meanwhile, or its buffers are full
                 pass
+
+    def _declare_lost(self, peer: Hashable, launch: Launch, silent: float) -> None:
+        """A remote worker silent past ``heartbeat_timeout``: drop its connection (nothing
+        more is read from it) and mark its launch lost; it ends itself on its side when it
+        hears nothing from here for the same bound."""
+        launch.lost = (f"its worker on {launch.remote_host} (pid {launch.remote_pid}) was silent for "
+                       f"{silent:.1f} s (heartbeat_timeout={self._silence:g} s): host partitioned, frozen "
+                       "or gone")
+        log.warning("admin: %s; declared lost", launch.lost)
+        with self._lock:
+            self._by_peer.pop(peer, None)
+        self.channel.drop(peer)
+        launch.gone.set()
 
     def close(self) -> None:
         self.channel.close()

@@ -76,8 +76,12 @@ CORE_OPTIONS: tuple[Option, ...] = (
     Option("bind_host", str, None, "Address listeners bind (default: listen_host; never all interfaces unless set)."),
     Option("ipc_admin_master_port", int, 0, "Kept for compatibility with fiber; ports are chosen by the OS."),
     Option("start_timeout", float, 120.0, "Seconds Process.start() waits for the job to connect back."),
-    Option("heartbeat_interval", float, 2.0, "Seconds between master heartbeats to workers on other machines."),
-    Option("heartbeat_timeout", float, 20.0, "A worker on another machine exits when its master is silent this long."),
+    Option("heartbeat_interval", float, 2.0, "Seconds between heartbeats between the master and its workers on "
+                                             "other machines (each way)."),
+    Option("heartbeat_timeout", float, 20.0, "The bound for silence across machines: a worker exits when its master "
+                                             "is silent this long, the master declares a silent worker lost (its "
+                                             "tasks rerun), and a TCP connection to a silent peer closes "
+                                             "(docs/cluster.md)."),
     Option("pool_processes", int, None, "Workers of a Pool created with processes=None (default: the backend's, else "
                                         "the CPU count)."),
     Option("pool_start_concurrency", int, 0, "Jobs a Pool starts at once, the next when one is ready (0: all at "

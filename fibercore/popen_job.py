@@ -28,6 +28,11 @@ if TYPE_CHECKING:
     from fibercore.process import Process
 
 
+#: The exit status of a job declared lost by the heartbeat (as a killed job's).
+LOST = -9
+#: Seconds between checks for a lost job while a remote job is waited for.
+LOST_CHECK = 0.5
+
 _master_labels: dict[int, str] = {}  # by pid: a forked copy of the master is another process
 
 
@@ -189,14 +194,47 @@ class JobPopen:
             self._rt.plugins.job_exited(self.job, code)
             self._hub.forget(self._launch)
 
+    @property
+    def lost(self) -> str | None:
+        """Why the admin hub declared this job lost (silent past ``heartbeat_timeout``), or None."""
+        return self._launch.lost
+
+    def _lost_exit(self) -> bool:
+        """A job declared lost ends now, for this process, with -9 (as a killed job): its
+        backend is told to kill it in the background (its host may not answer), and the
+        job ends itself on its side within the same bound."""
+        if self._launch.lost is None or self.returncode is not None:
+            return self.returncode is not None
+        threading.Thread(target=self._kill_quietly, name=f"fiber-kill-{self.job.jid}", daemon=True).start()
+        self._record_exit(LOST)
+        return True
+
+    def _kill_quietly(self) -> None:
+        try:
+            self._rt.plugins.terminate_job(self.job, True)
+        except Exception:
+            pass
+
     def poll(self, flag: int = os.WNOHANG) -> int | None:
-        if self.returncode is None:
+        if self.returncode is None and not self._lost_exit():
             self._record_exit(self._rt.plugins.wait_job(self.job, 0 if flag else None))
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int | None:
-        if self.returncode is None:
+        if self.returncode is not None or self._lost_exit():
+            return self.returncode
+        launch = self._launch
+        if not launch.watched:  # no heartbeat to watch: the backend alone says when it ends
             self._record_exit(self._rt.plugins.wait_job(self.job, timeout))
+            return self.returncode
+        # A remote job may be declared lost while waited for: wait in slices of its heartbeat.
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.returncode is None and not self._lost_exit():
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                break
+            step = LOST_CHECK if left is None else min(left, LOST_CHECK)
+            self._record_exit(self._rt.plugins.wait_job(self.job, step))
         return self.returncode
 
     def terminate(self) -> None:

@@ -92,13 +92,16 @@ def main() -> int:
         return EXIT_BOOTSTRAP_FAILED
 
     from fibercore import admin, lifetime
-    from fibercore.errors import TransportClosed, TransportTimeout
+    from fibercore.errors import TransportClosed, TransportError, TransportTimeout
     from fibercore.runtime import get_runtime
 
     rt = get_runtime()
     timeout = float(rt.config.get("start_timeout"))
     channel = rt.dial("router", address, service="admin")
-    channel.send([(admin.HELLO, [token.encode(), str(os.getpid()).encode(), socket.gethostname().encode()])])
+    # The fourth part says this worker answers PING with PONG: the master may then declare
+    # it lost when it falls silent (a partitioned or frozen host).
+    channel.send([(admin.HELLO, [token.encode(), str(os.getpid()).encode(), socket.gethostname().encode(),
+                                 admin.ANSWERS_PING])])
     deadline = time.monotonic() + timeout
     prep_parts = None
     while prep_parts is None:
@@ -144,13 +147,17 @@ def main() -> int:
     def watchdog() -> None:
         while True:
             try:
-                channel.recv(timeout=1.0 if beats else None)
+                messages, _ = channel.recv(timeout=1.0 if beats else None)
                 last_heard[0] = time.monotonic()
+                if any(op == admin.PING for op, _ in messages):
+                    channel.send([(admin.PONG, [])])  # the master's side of the heartbeat
             except TransportTimeout:
                 if time.monotonic() - last_heard[0] > hb_timeout and not finishing.is_set():
                     exit_job(f"no heartbeat from the master at {address} for {hb_timeout:.0f} s", EXIT_MASTER_GONE)
             except TransportClosed:
                 return
+            except TransportError:  # a PONG that could not go: the master's silence decides
+                pass
 
     threading.Thread(target=watchdog, name="fiber-watchdog", daemon=True).start()
 

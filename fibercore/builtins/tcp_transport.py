@@ -1335,17 +1335,29 @@ class TcpDialer:
         return f"<TcpDialer {self.address}>"
 
 
-#: TCP keepalive: a peer whose machine is lost (no FIN ever comes) is noticed after
-#: KEEPIDLE + KEEPCNT * KEEPINTVL seconds of silence, so its locks are released and its
-#: pool tasks rerun (a process that dies is noticed at once: its kernel closes the socket).
-KEEPIDLE, KEEPINTVL, KEEPCNT = 10, 5, 3
+#: How long a TCP peer may be silent before its connection is closed (the configuration's
+#: ``heartbeat_timeout``, set when the transport is made): a peer whose machine is lost or
+#: cut off (no FIN ever comes) is noticed then, so its locks are released, its pool tasks
+#: rerun and a Pipe to it raises instead of hanging. A process that dies is noticed at
+#: once: its kernel closes the socket.
+_silence = [20.0]
+
+
+def tcp_timers(bound: float) -> dict[str, int]:
+    """Socket options that close a connection silent for about ``bound`` seconds: keepalive
+    probes while it is idle (half the bound, then three probes), and TCP_USER_TIMEOUT while
+    data waits unacknowledged (a receiver that reads slowly still acknowledges)."""
+    idle = max(1, round(bound / 2))
+    every = max(1, round((bound - idle) / 3))
+    return {"TCP_KEEPIDLE": idle, "TCP_KEEPINTVL": every, "TCP_KEEPCNT": 3,
+            "TCP_USER_TIMEOUT": max(1000, int(bound * 1000))}
 
 
 def _tcp_options(sock: socket.socket) -> None:
-    """No Nagle delay (frames are already batched), and keepalive probes."""
+    """No Nagle delay (frames are already batched), and the silence bound (:func:`tcp_timers`)."""
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    for name, value in (("TCP_KEEPIDLE", KEEPIDLE), ("TCP_KEEPINTVL", KEEPINTVL), ("TCP_KEEPCNT", KEEPCNT)):
+    for name, value in tcp_timers(_silence[0]).items():
         option = getattr(socket, name, None)
         if option is not None:
             try:
@@ -1624,6 +1636,8 @@ class TcpPlugin:
                 "server_name": config.get("tls_server_name"),
             }
         spin = DEFAULT_SPIN
+        if config is not None and config.get("heartbeat_timeout"):
+            _silence[0] = float(config.get("heartbeat_timeout"))
         if config is not None and config.get("spin_wait") is not None:
             spin = float(config.get("spin_wait")) * 1e-6
         return TcpTransport(tls, spin)

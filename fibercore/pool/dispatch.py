@@ -380,6 +380,7 @@ class Dispatch:
         if chunk is None:
             chunk = self.chunks.get(cid)
         if chunk is None or chunk.done:
+            self.shared.stats["duplicate_results"] += 1
             return  # a duplicate: the chunk's first result already won
         self._note_time(micros)
         if not ok and chunk.errors < self.shared.settings.error_retries and self.shared.state != TERMINATE:

@@ -89,6 +89,11 @@ class WorkerSlot:
             return None
         return self.process.exitcode
 
+    def lost(self) -> str | None:
+        """Why its job was declared lost by the heartbeat (a silent host), or None."""
+        popen = getattr(self.process, "_popen", None) if self.process is not None else None
+        return getattr(popen, "lost", None)
+
 
 def _item_range(chunk: Chunk) -> tuple[int, int]:
     """The first and last index (inclusive) of the user's items a map chunk holds."""

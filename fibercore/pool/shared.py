@@ -59,7 +59,9 @@ class PoolShared:
     task_error: BaseException | None = None
     stats: dict[str, int] = field(default_factory=lambda: {
         "retried_chunks": 0, "replaced_workers": 0, "stolen_chunks": 0, "rerun_after_error": 0,
-        "done_tasks": 0, "failed_tasks": 0, "cancelled_tasks": 0})
+        "done_tasks": 0, "failed_tasks": 0, "cancelled_tasks": 0,
+        # workers declared lost by the heartbeat; results that came after a chunk's first
+        "lost_silent": 0, "duplicate_results": 0})
     #: The last task that failed: (epoch seconds, "map(f): ValueError: ..."), for fiber top.
     last_error: tuple[float, str] | None = None
 

@@ -47,6 +47,13 @@ LOST = -signal.SIGKILL
 _MUX_RACE = b"already exists, disabling multiplexing"
 
 
+def alive_probes(interval: float | None, timeout: float | None) -> tuple[int, int]:
+    """ssh's ServerAliveInterval and ServerAliveCountMax for the core's heartbeat settings:
+    whole seconds (ssh's unit), probes spanning at least ``heartbeat_timeout``."""
+    every = max(1, round(float(interval or 2.0)))
+    return every, max(1, math.ceil(float(timeout or 20.0) / every))
+
+
 class SshError(ProcessError):
     """An ssh session failed; the message has ssh's own words."""
 
@@ -102,8 +109,11 @@ class Engine:
     def ssh_argv(self, host: Host, command: str, *, batch_tool: bool = False) -> list[str]:
         """The ``ssh`` command line for ``command`` on ``host`` (options before ``--``)."""
         cfg = self.cfg
+        # ssh gives up on a silent host after the core's own bound (heartbeat_timeout), not
+        # sooner: a partition shorter than that costs nothing (docs/cluster.md).
+        interval, count = alive_probes(cfg.get("heartbeat_interval"), cfg.get("heartbeat_timeout"))
         argv = ["ssh", "-T", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={int(cfg.get('ssh_connect_timeout') or 10)}",
-                "-o", "ServerAliveInterval=3", "-o", "ServerAliveCountMax=3", "-o", "LogLevel=ERROR"]
+                "-o", f"ServerAliveInterval={interval}", "-o", f"ServerAliveCountMax={count}", "-o", "LogLevel=ERROR"]
         if self.control_dir:
             argv += ["-o", "ControlMaster=auto", "-o", f"ControlPath={self.control_dir}/%C",
                      "-o", "ControlPersist=15"]

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import sshd
+from fiber_docker.testing import docker_problem, test_image
 
 from fibercore.testing import skip_or_fail
+
+CHECKOUT = Path(__file__).resolve().parents[3]
+#: Hosts of the test cluster (FIBER_TEST_CLUSTER_HOSTS asks for more).
+CLUSTER_HOSTS = int(os.environ.get("FIBER_TEST_CLUSTER_HOSTS") or 4)
 
 
 @pytest.fixture(scope="session")
@@ -36,3 +42,31 @@ def local_sshd(ssh_keys: dict[str, Any], tmp_path_factory: Any) -> Iterator[sshd
 def ssh_config(local_sshd: sshd.Sshd, ssh_keys: dict[str, Any]) -> dict[str, Any]:
     return {"ssh_hosts": "127.0.0.1:8", "ssh_port": local_sshd.port, "ssh_identity": str(ssh_keys["key"]),
             "ssh_options": sshd.client_options(ssh_keys["known_hosts"])}
+
+
+@pytest.fixture(scope="session")
+def ssh_cluster(ssh_keys: dict[str, Any], tmp_path_factory: Any) -> Iterator[Any]:
+    """The multi-host test cluster (fiber_docker.cluster; 4 hosts, FIBER_TEST_CLUSTER_HOSTS=N
+    for more), each host running sshd with its own host key (in known_hosts) that lets the
+    session's client key in."""
+    from fiber_docker.cluster import Cluster, cluster_problem
+
+    problem = docker_problem() or cluster_problem()
+    if problem is not None:
+        skip_or_fail(problem, "cluster")
+    import docker
+
+    client = docker.from_env()
+    image = sshd.sshd_image(client, test_image(CHECKOUT))
+    states = {i: Path(tmp_path_factory.mktemp(f"cluster-host{i}")) for i in range(1, CLUSTER_HOSTS + 1)}
+    keys = {i: sshd.container_state(state, ssh_keys["public"]) for i, state in states.items()}
+    cluster = Cluster(image, CLUSTER_HOSTS, command=sshd.CONTAINER_SSHD, client=client,
+                      volumes=lambda i: {str(states[i]): {"bind": "/fiber-ssh", "mode": "ro"}},
+                      ready=lambda host: sshd.answers_ssh(host.address))
+    try:
+        with open(ssh_keys["known_hosts"], "a") as fh:
+            for i, host in enumerate(cluster.hosts, 1):
+                fh.write(f"{host.address} {keys[i]}\n")
+        yield cluster
+    finally:
+        cluster.remove()

@@ -131,28 +131,43 @@ def sshd_image(client: Any, worker_image: str) -> str:
     return tag
 
 
+#: The command of a container that is an sshd host (its state mounted at /fiber-ssh).
+CONTAINER_SSHD = ["/usr/sbin/sshd", "-D", "-e", "-f", "/fiber-ssh/sshd_config"]
+
+
+def container_state(state: Path, client_public: str) -> str:
+    """A host key, the client's key and an sshd_config on port 22 in ``state``, to be mounted
+    at /fiber-ssh in a container running :data:`CONTAINER_SSHD`; returns the host's public key."""
+    state.mkdir(parents=True, exist_ok=True)
+    host_public = keygen(state / "host_ed25519")
+    (state / "authorized_keys").write_text(client_public + "\n")
+    (state / "sshd_config").write_text(CONFIG.format(port=22, address="0.0.0.0", state="/fiber-ssh",
+                                                     pid_file="/run/sshd.pid"))
+    return host_public
+
+
+def answers_ssh(address: str) -> bool:
+    """Whether something accepts connections on ``address``:22."""
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex((address, 22)) == 0
+
+
 class ContainerSshd:
     """A second "host": sshd in a container on the docker bridge, with its own address,
     host key and processes; :meth:`kill` takes the whole host down at once."""
 
     def __init__(self, client: Any, image: str, state: Path, client_public: str, labels: dict[str, str]) -> None:
-        state.mkdir(parents=True, exist_ok=True)
         self.port = 22
-        self.host_public = keygen(state / "host_ed25519")
-        (state / "authorized_keys").write_text(client_public + "\n")
-        (state / "sshd_config").write_text(CONFIG.format(port=22, address="0.0.0.0", state="/fiber-ssh",
-                                                         pid_file="/run/sshd.pid"))
+        self.host_public = container_state(state, client_public)
         self.container = client.containers.run(
-            image, ["/usr/sbin/sshd", "-D", "-e", "-f", "/fiber-ssh/sshd_config"], detach=True, labels=labels,
+            image, CONTAINER_SSHD, detach=True, labels=labels,
             volumes={str(state): {"bind": "/fiber-ssh", "mode": "ro"}}, network_mode="bridge")
         for _ in range(100):
             self.container.reload()
             self.address = self.container.attrs["NetworkSettings"]["IPAddress"]
-            if self.address:
-                with socket.socket() as s:
-                    s.settimeout(0.5)
-                    if s.connect_ex((self.address, 22)) == 0:
-                        break
+            if self.address and answers_ssh(self.address):
+                break
             time.sleep(0.1)
         else:
             raise RuntimeError(f"sshd in the container does not answer: {self.container.logs()[-2000:]!r}")

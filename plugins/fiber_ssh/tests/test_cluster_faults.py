@@ -1,0 +1,174 @@
+"""A Pool on a real 4-host cluster (fiber_docker.cluster: containers on their own bridge
+network, sshd on each) while the network fails: a host cut off, frozen, losing packets,
+the master cut off from every host. The bound is ``heartbeat_timeout`` (4 s here): a host
+silent longer is declared lost, its tasks rerun elsewhere, every result arrives once and
+in order; a shorter silence costs nothing; a cut-off job ends by itself.
+
+Each test prints what it measured (``-s`` shows it): docs/cluster.md quotes these figures.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sshd
+
+import fibercore as fc
+from fibercore.testing.targets import triple_after
+
+SLOTS = 3
+#: The liveness bound of these tests (seconds) and the heartbeat behind it.
+BOUND, BEAT = 4.0, 0.5
+#: What a declaration may take beyond the bound: a heartbeat, the pool's poll, ssh's probe.
+MARGIN = 15.0
+
+
+@pytest.fixture
+def on_cluster(ssh_cluster: Any, ssh_keys: dict[str, Any], tmp_path: Path) -> Iterator[Any]:
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("".join(f"{h.address} slots={SLOTS} python=/opt/fiber/bin/python\n"
+                                for h in ssh_cluster.hosts))
+    fc.init(backend="ssh", ssh_hostfile=str(hostfile), ssh_identity=str(ssh_keys["key"]),
+            ssh_options=sshd.client_options(ssh_keys["known_hosts"]), ssh_host_retry=2, ssh_connect_timeout=3,
+            heartbeat_interval=BEAT, heartbeat_timeout=BOUND,
+            listen_host=ssh_cluster.gateway)  # this machine's address on the cluster's network
+    yield ssh_cluster
+    for p in fc.active_children():
+        p.kill()
+        p.join(30)
+    fc.init()
+    for host in ssh_cluster.hosts:  # every test leaves a clean cluster: no fault, no job
+        ssh_cluster.heal(host)
+        wait_for(lambda h=host: not worker_pids(ssh_cluster, h), 60, f"jobs left on {host.name}")
+
+
+def wait_for(condition: Any, timeout: float, what: str) -> float:
+    """Seconds until ``condition()`` held; fails the test after ``timeout``."""
+    start = time.monotonic()
+    while not condition():
+        if time.monotonic() - start > timeout:
+            pytest.fail(f"{what} (after {timeout:.0f} s)")
+        time.sleep(0.05)
+    return time.monotonic() - start
+
+
+def worker_pids(cluster: Any, host: Any) -> list[int]:
+    """The fibercore workers running on ``host`` (read from its /proc, not over the network)."""
+    out = cluster.exec(host, ["/opt/fiber/bin/python", "-c",
+                              "import os\n"
+                              "for p in os.listdir('/proc'):\n"
+                              "    try: c = open(f'/proc/{p}/cmdline','rb').read()\n"
+                              "    except OSError: continue\n"
+                              "    if b'fibercore.worker' in c: print(p)"])
+    return [int(p) for p in out.split()]
+
+
+def hosts_of(pool: Any) -> Counter[str]:
+    return Counter(p.job.data.host.name for p in pool.workers() if p.job is not None and p.job.data.host)
+
+
+def start_map(pool: Any, cluster: Any, n: int, delay: float) -> Any:
+    """A map of ``n`` tasks of ``delay`` s, once every worker is up, on every host."""
+    assert pool.wait_until_workers_up(120)
+    wait_for(lambda: len(hosts_of(pool)) == len(cluster.hosts), 60, "workers on every host")
+    return pool.starmap_async(triple_after, [(i, delay) for i in range(n)], chunksize=1)
+
+
+def test_a_partitioned_host_is_declared_lost_its_tasks_rerun_once(on_cluster: Any) -> None:
+    cluster = on_cluster
+    victim = cluster.hosts[1]
+    with fc.Pool(2 * len(cluster.hosts)) as pool:
+        expected = [3 * i for i in range(240)]
+        quiet = start_map(pool, cluster, 240, 0.05)
+        t0 = time.monotonic()
+        assert quiet.get(120) == expected
+        quiet_time = time.monotonic() - t0
+        result = start_map(pool, cluster, 240, 0.05)
+        time.sleep(0.5)  # mid-map: the victim's workers hold tasks
+        on_victim = hosts_of(pool)[cluster.hosts[1].address]
+        t0 = time.monotonic()
+        cluster.partition(victim)
+        lost_after = wait_for(lambda: pool.stats["replaced_workers"] >= on_victim, BOUND + MARGIN,
+                              f"{on_victim} workers of the partitioned host declared lost")
+        assert result.get(120) == expected  # every result once, in order
+        faulty_time = time.monotonic() - t0
+        stats = pool.stats
+        assert stats["retried_chunks"] >= 1, stats
+        assert cluster.hosts[1].address not in hosts_of(pool), "a replacement was placed on the lost host"
+        # Back on the network, its stale jobs find their master gone and end by themselves.
+        cluster.heal(victim)
+        ended_after = wait_for(lambda: not worker_pids(cluster, victim), BOUND + MARGIN, "stale jobs ended")
+    print(f"\npartition: lost after {lost_after:.1f} s (bound {BOUND} s); map {faulty_time:.1f} s with the fault, "
+          f"{quiet_time:.1f} s without; stale jobs gone {ended_after:.1f} s after the heal; {stats}")
+    assert lost_after >= BOUND * 0.75, f"declared lost after {lost_after:.1f} s, before the bound ({BOUND} s)"
+
+
+def test_a_short_partition_costs_nothing(on_cluster: Any) -> None:
+    cluster = on_cluster
+    with fc.Pool(2 * len(cluster.hosts)) as pool:
+        result = start_map(pool, cluster, 160, 0.05)
+        time.sleep(0.5)
+        with cluster.partitioned(cluster.hosts[2]):
+            time.sleep(BOUND / 3)
+        assert result.get(120) == [3 * i for i in range(160)]
+        stats = pool.stats
+    print(f"\nshort partition ({BOUND / 3:.1f} s): {stats}")
+    assert stats["replaced_workers"] == 0 and stats["retried_chunks"] == 0, stats
+
+
+def test_five_percent_packet_loss_completes_and_loses_no_worker(on_cluster: Any) -> None:
+    cluster = on_cluster
+    with fc.Pool(2 * len(cluster.hosts)) as pool:
+        result = start_map(pool, cluster, 160, 0.05)
+        cluster.drop_packets(cluster.hosts[3], 0.05)
+        t0 = time.monotonic()
+        try:
+            assert result.get(120) == [3 * i for i in range(160)]
+        finally:
+            cluster.heal(cluster.hosts[3])
+        lossy_time = time.monotonic() - t0
+        stats = pool.stats
+    print(f"\n5% loss: map {lossy_time:.1f} s; {stats}")
+    assert stats["replaced_workers"] == 0, stats
+
+
+def test_a_frozen_host_is_declared_lost_and_its_jobs_end_when_it_thaws(on_cluster: Any) -> None:
+    cluster = on_cluster
+    victim = cluster.hosts[0]
+    with fc.Pool(2 * len(cluster.hosts)) as pool:
+        result = start_map(pool, cluster, 240, 0.05)
+        time.sleep(0.5)
+        on_victim = hosts_of(pool)[victim.address]
+        with cluster.frozen(victim):
+            lost_after = wait_for(lambda: pool.stats["replaced_workers"] >= on_victim, BOUND + MARGIN,
+                                  "workers of the frozen host declared lost")
+            assert result.get(120) == [3 * i for i in range(240)]
+        ended_after = wait_for(lambda: not worker_pids(cluster, victim), BOUND + MARGIN, "stale jobs ended")
+        stats = pool.stats
+    print(f"\nfreeze: lost after {lost_after:.1f} s; stale jobs gone {ended_after:.1f} s after the thaw; {stats}")
+
+
+def test_a_master_cut_off_from_every_host_leaves_no_job_running(on_cluster: Any) -> None:
+    cluster = on_cluster
+    pool = fc.Pool(2 * len(cluster.hosts))
+    try:
+        result = start_map(pool, cluster, 400, 0.05)
+        time.sleep(0.5)
+        for host in cluster.hosts:
+            cluster.partition(host)
+        ended_after = wait_for(lambda: not any(worker_pids(cluster, h) for h in cluster.hosts), BOUND + MARGIN,
+                               "every job on every host ended")
+        for host in cluster.hosts:
+            cluster.heal(host)
+        # The partition healed: the pool starts workers again and the map ends, each result once.
+        assert result.get(180) == [3 * i for i in range(400)]
+        stats = pool.stats
+    finally:
+        pool.terminate()
+        pool.join()
+    print(f"\nmaster cut off: every job gone {ended_after:.1f} s after the cut; {stats}")
