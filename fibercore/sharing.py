@@ -30,6 +30,7 @@ after ``fork``, and pages it writes become its own.
 
 from __future__ import annotations
 
+import collections
 import functools
 import logging
 import mmap
@@ -164,6 +165,14 @@ _maps: dict[tuple[str, bool], weakref.ref[mmap.mmap]] = {}
 _maps_lock = threading.Lock()
 
 
+#: The objects last built from segments in this process, newest last: ``handle.value`` of
+#: an object whose parts are unpickled (a ``bytes``, a dict) builds it once, not per access,
+#: while it is among the :data:`RECENT` most recently read (a process that reads a new object
+#: every generation holds at most that many).
+_recent: collections.OrderedDict[tuple[str, bool], Any] = collections.OrderedDict()
+RECENT = 4
+
+
 def _forget_map(key: tuple[str, bool], _ref: Any) -> None:
     """A mapping was unmapped (nothing built on it was left): forget it."""
     _maps.pop(key, None)
@@ -261,8 +270,19 @@ class Shared(Handle):
 
     @property
     def value(self) -> Any:
-        """The object, built on this machine's one copy (mapped once per process)."""
-        return _load(self._mapping(), self._private)
+        """The object, built on this machine's one copy (mapped once per process; built once
+        per process while among the :data:`RECENT` objects it read last)."""
+        key = (self._name, self._private)
+        with _maps_lock:
+            if key in _recent:
+                _recent.move_to_end(key)
+                return _recent[key]
+        obj = _load(self._mapping(), self._private)
+        with _maps_lock:
+            _recent[key] = obj
+            while len(_recent) > RECENT:
+                _recent.popitem(last=False)
+        return obj
 
     def _mapping(self) -> mmap.mmap:
         key = (self._name, self._private)
@@ -358,6 +378,8 @@ class Shared(Handle):
         """Remove the segment now (the creating process only); mappings stay readable."""
         if self._remote():
             raise ValueError("only the process that created a shared object can release it")
+        with _maps_lock:
+            _recent.pop((self._name, self._private), None)
         self._call("release")
 
     # -- pickling -----------------------------------------------------------------------------

@@ -181,14 +181,14 @@ class Supervision:
             if code is not None:
                 w.exitcode = code
                 lost = w.lost()
-                if lost is not None:  # nothing more is read from it: a late result is never counted
-                    self.shared.stats["lost_silent"] += 1
-                    if w.peer is not None:
-                        self.shared.channel.drop(w.peer)
+                peer = w.peer
                 if w.state == STARTING:
                     self.start_failed(w, f"its job ended ({lost or describe_exit(code)}) before it joined the pool")
                 else:
                     self.worker_gone(w, lost or f"its job ended ({describe_exit(code)})")
+                if lost is not None and peer is not None:  # nothing more is read from it
+                    self.shared.stats["lost_silent"] += 1
+                    self.shared.channel.drop(peer)
             elif w.state == STARTING and now > w.deadline:
                 self.start_failed(w, f"it did not join the pool within {self.fleet.start_timeout:.0f} s "
                                      "(start_timeout)")

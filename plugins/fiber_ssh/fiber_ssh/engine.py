@@ -45,6 +45,8 @@ log = logging.getLogger("fiber_ssh")
 LOG_KEEP = 64 * 1024
 LOST = -signal.SIGKILL
 _MUX_RACE = b"already exists, disabling multiplexing"
+#: ssh's own lines about its shared connection (one that died with a lost host), not the job's.
+_MUX_NOISE = b"mux_client_"
 
 
 def alive_probes(interval: float | None, timeout: float | None) -> tuple[int, int]:
@@ -266,8 +268,8 @@ class Engine:
         stream = proc.stderr
         assert stream is not None
         for line in iter(stream.readline, b""):
-            if _MUX_RACE in line:
-                continue  # two first sessions raced to open the shared connection: harmless
+            if _MUX_RACE in line or line.startswith(_MUX_NOISE):
+                continue  # two first sessions raced to open the shared connection, or it was lost
             job.keep(line)
             if self.echo:
                 sys.stderr.write(line.decode("utf-8", "replace"))

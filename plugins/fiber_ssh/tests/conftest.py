@@ -60,13 +60,21 @@ def ssh_cluster(ssh_keys: dict[str, Any], tmp_path_factory: Any) -> Iterator[Any
     image = sshd.sshd_image(client, test_image(CHECKOUT))
     states = {i: Path(tmp_path_factory.mktemp(f"cluster-host{i}")) for i in range(1, CLUSTER_HOSTS + 1)}
     keys = {i: sshd.container_state(state, ssh_keys["public"]) for i, state in states.items()}
+    # The client's directory (key, known_hosts, the hostfile) is at the same path on every
+    # host, as a shared home directory is on a real cluster: a job there starts nested
+    # Processes over ssh with the same configuration.
+    shared = str(ssh_keys["dir"])
     cluster = Cluster(image, CLUSTER_HOSTS, command=sshd.CONTAINER_SSHD, client=client,
-                      volumes=lambda i: {str(states[i]): {"bind": "/fiber-ssh", "mode": "ro"}},
+                      volumes=lambda i: {str(states[i]): {"bind": "/fiber-ssh", "mode": "ro"},
+                                         shared: {"bind": shared, "mode": "ro"}},
                       ready=lambda host: sshd.answers_ssh(host.address))
     try:
         with open(ssh_keys["known_hosts"], "a") as fh:
             for i, host in enumerate(cluster.hosts, 1):
                 fh.write(f"{host.address} {keys[i]}\n")
+        cluster.hostfile = ssh_keys["dir"] / "cluster-hosts"
+        cluster.hostfile.write_text("".join(f"{h.address} slots=4 python=/opt/fiber/bin/python\n"
+                                            for h in cluster.hosts))
         yield cluster
     finally:
         cluster.remove()

@@ -37,14 +37,11 @@ class TestSshOnTheCluster(BackendConformance):
     broken_python_exe = "/bin/false"
 
     @pytest.fixture
-    def backend_config(self, ssh_cluster: Any, ssh_keys: dict[str, Any], tmp_path: Any) -> dict[str, Any]:
+    def backend_config(self, ssh_cluster: Any, ssh_keys: dict[str, Any]) -> dict[str, Any]:
         import sshd
 
         self.cluster = ssh_cluster
-        hostfile = tmp_path / "hosts"
-        hostfile.write_text("".join(f"{h.address} slots=4 python=/opt/fiber/bin/python\n"
-                                    for h in ssh_cluster.hosts))
-        return {"ssh_hostfile": str(hostfile), "ssh_identity": str(ssh_keys["key"]),
+        return {"ssh_hostfile": str(ssh_cluster.hostfile), "ssh_identity": str(ssh_keys["key"]),
                 "ssh_options": sshd.client_options(ssh_keys["known_hosts"]), "listen_host": ssh_cluster.gateway}
 
     def kill_outside_fibercore(self, process: fc.Process) -> None:
