@@ -19,7 +19,7 @@ from fibercore.errors import AbandonedLockWarning
 from fibercore.lifetime import PerProcess, at_process_end, current_pid
 from fibercore.observe import registry
 from fibercore.rpc import RETURN
-from fibercore.runtime import adopt_credentials, credentials_for_child
+from fibercore.runtime import adopt_credentials, credentials_for_child, get_runtime
 from fibercore.sync.service import BYE, CALL, CANCEL, HELLO, SyncService, describe_here
 from fibercore.sync.states import State
 
@@ -29,28 +29,43 @@ ANSWER_GRACE = 0.5
 _WAIT = object()  # _call's gave_up: nothing to give up with, wait for the answer
 
 
-_service: list[SyncService] = []  # this process's service, made on first use
+#: This process's services, one per address jobs reach it at (made on first use): after
+#: ``init()`` moves jobs to another network (a cluster's), new objects are served where
+#: those jobs can dial, and objects made before stay where their users reach them.
+_services: dict[tuple[Any, ...], SyncService] = {}
 _service_lock = threading.Lock()
 _greeted: PerProcess[str, rpc.Client] = PerProcess()  # clients that sent HELLO, by address
 
 
+def _where() -> tuple[Any, ...]:
+    rt = get_runtime()
+    return (current_pid(), rt.listen_host, rt.bind_host, bool(rt.config.get("tls")))
+
+
 def service() -> SyncService:
-    """This process's synchronization service (started on first use)."""
-    if _service and _service[0].pid == current_pid():
-        return _service[0]
+    """This process's synchronization service for the current configuration's address
+    (started on first use)."""
+    key = _where()
+    svc = _services.get(key)
+    if svc is not None:
+        return svc
     with _service_lock:
-        if not _service or _service[0].pid != current_pid():
-            _service[:] = [SyncService()]
-        return _service[0]
+        svc = _services.get(key)
+        if svc is None:
+            for other in [k for k in _services if k[0] != key[0]]:  # a forked child's copies
+                del _services[other]
+            svc = _services[key] = SyncService()
+        return svc
+
+
+def _mine() -> list[SyncService]:
+    pid = current_pid()
+    return [svc for svc in list(_services.values()) if svc.pid == pid]
 
 
 def _local(address: str) -> SyncService | None:
     """The service at ``address`` when it is this process's own."""
-    if _service:
-        svc = _service[0]
-        if svc.address == address and svc.pid == current_pid():
-            return svc
-    return None
+    return next((svc for svc in _mine() if svc.address == address), None)
 
 
 def client(address: str) -> rpc.Client:
@@ -199,8 +214,7 @@ def owner_name(owner: Any, creator: int) -> str:
 
 def _views() -> list[dict[str, Any]]:
     """What ``fiber top`` and the dashboard show of the shared objects this process serves."""
-    found = _service[:1]
-    return found[0].view() if found and found[0].pid == current_pid() else []
+    return [view for svc in _mine() for view in svc.view()]
 
 
 registry.provide("sync", _views)

@@ -87,12 +87,13 @@ def _allocate(ctype: Any) -> tuple[Any, str, bytes]:
 _made: dict[str, tuple[int, int]] = {}
 
 
-def _release_segment(oid: int, name: str) -> None:
+def _release_segment(address: str, oid: int, name: str) -> None:
     """The creating process dropped its last handle: the segment goes, unless the object was
     sent to another process (then it stays until this process ends)."""
-    from fibercore.sync.handles import service
+    from fibercore.sync.handles import _local
 
-    if oid not in service().pinned:
+    svc = _local(address)
+    if svc is None or oid not in svc.pinned:
         _segments.pop(name, None)
         _unlink(name, _made.get(name))
 
@@ -160,7 +161,7 @@ class _Data(Handle):
         self._machine = machine_identity()
         init(self._local)
         self._create(DataState(self._local))
-        weakref.finalize(self, _release_segment, self._oid, self._segment).atexit = False
+        weakref.finalize(self, _release_segment, self._address, self._oid, self._segment).atexit = False
 
     def _extra(self) -> tuple[Any, ...]:
         return (self._item, self._length, self._segment, self._tag, self._machine)  # types are made, not pickled

@@ -101,7 +101,9 @@ def test_a_partitioned_host_is_declared_lost_its_tasks_rerun_once(on_cluster: An
         faulty_time = time.monotonic() - t0
         stats = pool.stats
         assert stats["retried_chunks"] >= 1, stats
-        assert victim.address not in hosts_of(pool), "a replacement was placed on the lost host"
+        # A replacement may be tried there before ssh itself gives up on the host; it never
+        # starts there and is placed on another host.
+        wait_for(lambda: victim.address not in hosts_of(pool), BOUND + MARGIN, "no worker left on the cut-off host")
         # Back on the network, its stale jobs find their master gone and end by themselves.
         cluster.heal(victim)
         ended_after = wait_for(lambda: not set(stale) & set(worker_pids(cluster, victim)), BOUND + MARGIN,
