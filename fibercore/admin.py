@@ -43,12 +43,14 @@ from typing import Any
 
 from fibercore.errors import TransportClosed, TransportTimeout
 from fibercore.runtime import Runtime, get_runtime
+from fibercore.util import machine_identity
 from fibercore.wire import malformed
 
 log = logging.getLogger("fibercore.admin")
 
 HELLO, PREP, EXIT, PING, ERROR, PONG = 1, 2, 3, 4, 5, 6
-#: HELLO's fourth part from a worker that answers PING with PONG (older workers send three).
+#: HELLO's fourth part from a worker that answers PING with PONG, followed by its machine
+#: identity (older workers send three parts).
 ANSWERS_PING = b"pong"
 
 
@@ -153,17 +155,22 @@ class AdminHub:
                 return
             launch.remote_pid = int(bytes(parts[1]))
             launch.remote_host = bytes(parts[2]).decode()
-            launch.watched = (len(parts) > 3 and bytes(parts[3]) == ANSWERS_PING
-                              and not getattr(peer, "private", False))
-            launch.last_heard = time.monotonic()
             self.channel.send([(PREP, launch.payload)], peer)
             launch.payload = []  # the token is spent; free the pickled process
+            # Watched (declared lost when silent) only on another machine: a job here whose
+            # process dies closes its connections at once, and one that is merely busy is alive.
+            answer = bytes(parts[3]) if len(parts) > 3 else b""
+            machine = answer[len(ANSWERS_PING) + 1:].decode(errors="replace")
+            launch.last_heard = time.monotonic()  # after PREP went: its size is not silence
+            launch.watched = (answer.startswith(ANSWERS_PING) and not getattr(peer, "private", False)
+                              and machine != machine_identity())
             launch.connected.set()
         elif op == EXIT:
             with self._lock:
                 launch = self._by_peer.get(peer)
             if launch is not None:
                 launch.reported_exit = int(bytes(parts[0]))
+                launch.watched = False  # it said how it ended: its silence now means nothing
                 launch.gone.set()
 
     def _ping(self) -> None:

@@ -72,6 +72,7 @@ class JobPopen:
         self.returncode: int | None = None
         self._sentinel_r: int | None = None
         self._sentinel_lock = threading.Lock()
+        self._lost_lock = threading.Lock()
         hub = self._hub = admin.get_hub()
         prep = {
             "sys_path": list(sys.path),
@@ -202,11 +203,19 @@ class JobPopen:
     def _lost_exit(self) -> bool:
         """A job declared lost ends now, for this process, with -9 (as a killed job): its
         backend is told to kill it in the background (its host may not answer), and the
-        job ends itself on its side within the same bound."""
-        if self._launch.lost is None or self.returncode is not None:
-            return self.returncode is not None
-        threading.Thread(target=self._kill_quietly, name=f"fiber-kill-{self.job.jid}", daemon=True).start()
-        self._record_exit(LOST)
+        job ends itself on its side within the same bound. True once the job has ended."""
+        if self.returncode is not None:
+            return True
+        if self._launch.lost is None:
+            return False
+        with self._lost_lock:  # the pool's supervisor and a user's join() may both get here
+            if self.returncode is not None:
+                return True
+            self._record_exit(LOST)
+        try:
+            threading.Thread(target=self._kill_quietly, name=f"fiber-kill-{self.job.jid}", daemon=True).start()
+        except RuntimeError:  # the interpreter is shutting down: no new threads
+            self._kill_quietly()
         return True
 
     def _kill_quietly(self) -> None:
@@ -216,26 +225,25 @@ class JobPopen:
             pass
 
     def poll(self, flag: int = os.WNOHANG) -> int | None:
-        if self.returncode is None and not self._lost_exit():
+        if not self._lost_exit():
             self._record_exit(self._rt.plugins.wait_job(self.job, 0 if flag else None))
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int | None:
-        if self.returncode is not None or self._lost_exit():
+        if self._lost_exit():
             return self.returncode
         launch = self._launch
         if not launch.watched:  # no heartbeat to watch: the backend alone says when it ends
             self._record_exit(self._rt.plugins.wait_job(self.job, timeout))
             return self.returncode
-        # A remote job may be declared lost while waited for: wait in slices of its heartbeat.
+        # A remote job may be declared lost while waited for: wait in slices of its heartbeat
+        # (at least one, so that wait(0) reaps a job that has ended).
         deadline = None if timeout is None else time.monotonic() + timeout
-        while self.returncode is None and not self._lost_exit():
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                break
-            step = LOST_CHECK if left is None else min(left, LOST_CHECK)
+        while True:
+            step = LOST_CHECK if deadline is None else min(max(0.0, deadline - time.monotonic()), LOST_CHECK)
             self._record_exit(self._rt.plugins.wait_job(self.job, step))
-        return self.returncode
+            if self._lost_exit() or (deadline is not None and time.monotonic() >= deadline):
+                return self.returncode
 
     def terminate(self) -> None:
         if self.returncode is None:

@@ -169,8 +169,21 @@ _maps_lock = threading.Lock()
 #: an object whose parts are unpickled (a ``bytes``, a dict) builds it once, not per access,
 #: while it is among the :data:`RECENT` most recently read (a process that reads a new object
 #: every generation holds at most that many).
-_recent: collections.OrderedDict[tuple[str, bool], Any] = collections.OrderedDict()
+_recent: collections.OrderedDict[str, Any] = collections.OrderedDict()
 RECENT = 4
+
+
+def _forget_value(name: str) -> None:
+    """Drop the object built from segment ``name`` (its creator released it or dropped its
+    last handle)."""
+    with _maps_lock:
+        value = _recent.pop(name, None)
+    del value  # freed outside the lock
+
+
+def _unlink_and_forget(name: str, made: tuple[int, int] | None) -> None:
+    _forget_value(name)
+    _unlink(name, made)
 
 
 def _forget_map(key: tuple[str, bool], _ref: Any) -> None:
@@ -261,7 +274,7 @@ class Shared(Handle):
         self._private = False
         state = SharedState(self._name, self._size, fd)
         self._create(state)
-        weakref.finalize(self, _unlink, self._name, state._made)
+        weakref.finalize(self, _unlink_and_forget, self._name, state._made)
 
     @property
     def nbytes(self) -> int:
@@ -272,16 +285,20 @@ class Shared(Handle):
     def value(self) -> Any:
         """The object, built on this machine's one copy (mapped once per process; built once
         per process while among the :data:`RECENT` objects it read last)."""
-        key = (self._name, self._private)
+        if self._private:  # copy-on-write: a fresh view each time, as before (nothing to copy)
+            return _load(self._mapping(), True)
+        key = self._name
         with _maps_lock:
             if key in _recent:
                 _recent.move_to_end(key)
                 return _recent[key]
-        obj = _load(self._mapping(), self._private)
+        obj = _load(self._mapping(), False)
+        evicted = []
         with _maps_lock:
             _recent[key] = obj
             while len(_recent) > RECENT:
-                _recent.popitem(last=False)
+                evicted.append(_recent.popitem(last=False))
+        del evicted  # freed here, outside the lock
         return obj
 
     def _mapping(self) -> mmap.mmap:
@@ -378,8 +395,7 @@ class Shared(Handle):
         """Remove the segment now (the creating process only); mappings stay readable."""
         if self._remote():
             raise ValueError("only the process that created a shared object can release it")
-        with _maps_lock:
-            _recent.pop((self._name, self._private), None)
+        _forget_value(self._name)
         self._call("release")
 
     # -- pickling -----------------------------------------------------------------------------

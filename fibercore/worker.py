@@ -100,8 +100,10 @@ def main() -> int:
     channel = rt.dial("router", address, service="admin")
     # The fourth part says this worker answers PING with PONG: the master may then declare
     # it lost when it falls silent (a partitioned or frozen host).
+    from fibercore.util import machine_identity
+
     channel.send([(admin.HELLO, [token.encode(), str(os.getpid()).encode(), socket.gethostname().encode(),
-                                 admin.ANSWERS_PING])])
+                                 admin.ANSWERS_PING + b" " + machine_identity().encode()])])
     deadline = time.monotonic() + timeout
     prep_parts = None
     while prep_parts is None:

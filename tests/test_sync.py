@@ -249,3 +249,29 @@ def test_a_handle_finalized_inside_a_locked_section_does_not_deadlock():
     kept.set()  # the next call applies the queued release
     assert kept.is_set()
     assert oid not in svc.objects and not svc.released
+
+
+def test_objects_made_before_an_init_that_moves_jobs_keep_their_service(fresh_runtime):
+    """An init() that changes the address jobs reach this process at (a cluster's network)
+    starts a second service there for new objects; a Condition or Value tied to an earlier
+    Lock lives beside that lock, and jobs use both."""
+    lock = mp.RLock()  # (a Value's lock is taken again by each access inside `with lock`)
+    mp.init(listen_host="127.0.0.2")
+    cond = mp.Condition(lock)
+    counter = mp.Value("i", 0, lock=lock)
+    fresh = mp.RLock()
+    assert cond._address == counter._address == lock._address
+    assert fresh._address != lock._address and "127.0.0.2" in fresh._address
+    other = mp.Value("i", 0, lock=fresh)
+    assert other._address == fresh._address
+    jobs = [mp.Process(target=sync_tasks.count_under_lock, args=(lock, counter, 50)) for _ in range(2)]
+    jobs += [mp.Process(target=sync_tasks.count_with_get_lock, args=(counter, 50))]
+    jobs += [mp.Process(target=sync_tasks.count_under_lock, args=(fresh, other, 50))]
+    for p in jobs:
+        p.start()
+    for p in jobs:
+        p.join(120)
+        assert p.exitcode == 0
+    assert counter.value == 150 and other.value == 50
+    with cond:
+        assert not cond.wait(0.01)

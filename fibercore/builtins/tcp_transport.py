@@ -99,6 +99,12 @@ _readv, _writev = os.readv, os.writev
 #: usual RL set-up (more simulators than cores) the gate let a master poll while the processes
 #: it waited for needed the CPUs, and polling cost 15-18% of the steps (docs/performance.md).
 DEFAULT_SPIN = 0.0
+#: How long a TCP peer may be silent before its connection is closed, by default (each
+#: transport takes the configuration's ``heartbeat_timeout``): a peer whose machine is lost
+#: or cut off (no FIN ever comes) is noticed then, so its locks are released, its pool tasks
+#: rerun and a Pipe waiting on it raises instead of hanging. A process that dies is noticed
+#: at once: its kernel closes the socket.
+DEFAULT_SILENCE = 20.0
 #: Seconds between two looks at how many tasks this machine runs (:func:`cpu_to_spare`).
 LOAD_LOOK_EVERY = 0.005
 _TIMEVAL = struct.Struct("@ll")
@@ -658,9 +664,10 @@ class TcpListener:
 
     def __init__(self, sock: socket.socket, address: str, auth: Authenticator,
                  tls: ssl.SSLContext | None, local: socket.socket | None = None,
-                 spin: float = DEFAULT_SPIN) -> None:
+                 spin: float = DEFAULT_SPIN, silence: float = DEFAULT_SILENCE) -> None:
         self.address = address
         self._spin = spin
+        self._silence = silence
         self._spin_gate = SpinGate()
         self._sock = sock
         self._local = local  # the same endpoint on a Unix socket, for peers on this machine
@@ -736,7 +743,7 @@ class TcpListener:
                 continue
             sock.setblocking(self._tls is None)  # plain: the reactor reads with MSG_DONTWAIT
             if sock.family != socket.AF_UNIX:
-                _tcp_options(sock)
+                _tcp_options(sock, self._silence)
             else:
                 _large_send_buffer(sock)
             private = sock.family == socket.AF_UNIX and self._tls is None  # its user checked above
@@ -1335,29 +1342,21 @@ class TcpDialer:
         return f"<TcpDialer {self.address}>"
 
 
-#: How long a TCP peer may be silent before its connection is closed (the configuration's
-#: ``heartbeat_timeout``, set when the transport is made): a peer whose machine is lost or
-#: cut off (no FIN ever comes) is noticed then, so its locks are released, its pool tasks
-#: rerun and a Pipe to it raises instead of hanging. A process that dies is noticed at
-#: once: its kernel closes the socket.
-_silence = [20.0]
-
-
-def tcp_timers(bound: float) -> dict[str, int]:
-    """Socket options that close a connection silent for about ``bound`` seconds: keepalive
-    probes while it is idle (half the bound, then three probes), and TCP_USER_TIMEOUT while
-    data waits unacknowledged (a receiver that reads slowly still acknowledges)."""
+def keepalive_timers(bound: float) -> dict[str, int]:
+    """Keepalive options that close an idle connection whose peer stopped answering for about
+    ``bound`` seconds: the first probe after half of it, then three more. (Not
+    ``TCP_USER_TIMEOUT``: Linux applies it to a zero window too, and would cut a live reader
+    that is only slow, where multiprocessing blocks.)"""
+    bound = min(max(bound, 2.0), 60000.0)  # the kernel's limits: KEEPIDLE and KEEPINTVL <= 32767
     idle = max(1, round(bound / 2))
-    every = max(1, round((bound - idle) / 3))
-    return {"TCP_KEEPIDLE": idle, "TCP_KEEPINTVL": every, "TCP_KEEPCNT": 3,
-            "TCP_USER_TIMEOUT": max(1000, int(bound * 1000))}
+    return {"TCP_KEEPIDLE": idle, "TCP_KEEPINTVL": max(1, round((bound - idle) / 3)), "TCP_KEEPCNT": 3}
 
 
-def _tcp_options(sock: socket.socket) -> None:
-    """No Nagle delay (frames are already batched), and the silence bound (:func:`tcp_timers`)."""
+def _tcp_options(sock: socket.socket, silence: float = DEFAULT_SILENCE) -> None:
+    """No Nagle delay (frames are already batched), and keepalive (:func:`keepalive_timers`)."""
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    for name, value in tcp_timers(_silence[0]).items():
+    for name, value in keepalive_timers(silence).items():
         option = getattr(socket, name, None)
         if option is not None:
             try:
@@ -1428,7 +1427,7 @@ def _dial_local(address: str, auth: Authenticator, spin: float) -> TcpDialer | N
 
 
 def _dial(address: str, auth: Authenticator, tls: ssl.SSLContext | None, server_name: str | None,
-          spin: float = DEFAULT_SPIN) -> TcpDialer:
+          spin: float = DEFAULT_SPIN, silence: float = DEFAULT_SILENCE) -> TcpDialer:
     scheme, host, port, machine = _split_address(address)
     if tls is not None and scheme != "tls+tcp":
         raise TransportError(f"{address} is a plain tcp:// address but this process has tls = true: it never "
@@ -1443,7 +1442,7 @@ def _dial(address: str, auth: Authenticator, tls: ssl.SSLContext | None, server_
     give_up = time.monotonic() + DIAL_PATIENCE
     for attempt in itertools.count():
         try:
-            return _dial_tcp(address, host, port, auth, tls, server_name, spin)
+            return _dial_tcp(address, host, port, auth, tls, server_name, spin, silence)
         except _Refused as exc:
             pause = DIAL_RETRIES[min(attempt, len(DIAL_RETRIES) - 1)] * (0.5 + random.random())
             if time.monotonic() + pause > give_up:
@@ -1464,13 +1463,13 @@ class _Refused(Exception):
 
 
 def _dial_tcp(address: str, host: str, port: int, auth: Authenticator, tls: ssl.SSLContext | None,
-              server_name: str | None, spin: float) -> TcpDialer:
+              server_name: str | None, spin: float, silence: float = DEFAULT_SILENCE) -> TcpDialer:
     timeout = auth.limits.handshake_timeout
     try:
         sock = socket.create_connection((host, port), timeout=timeout)
     except OSError as exc:
         raise TransportError(f"cannot connect to {address}: {exc}") from exc
-    _tcp_options(sock)
+    _tcp_options(sock, silence)
     try:
         if tls is not None:
             sock = tls.wrap_socket(sock, server_hostname=server_name or host)
@@ -1542,9 +1541,11 @@ class TcpTransport:
 
     name = "tcp"
 
-    def __init__(self, tls: dict[str, Any] | None = None, spin: float = DEFAULT_SPIN) -> None:
+    def __init__(self, tls: dict[str, Any] | None = None, spin: float = DEFAULT_SPIN,
+                 silence: float = DEFAULT_SILENCE) -> None:
         self._tls_options = tls
         self._spin = max(0.0, spin)
+        self._silence = silence
         self._scheme = "tls+tcp" if tls else "tcp"
         self._server_ctx: ssl.SSLContext | None = None
         self._client_ctx: ssl.SSLContext | None = None
@@ -1583,7 +1584,7 @@ class TcpTransport:
         local = self._bind_local(auth) if self._server_ctx is None and LOCAL_SOCKETS else None
         machine = machine_identity() if local is not None else ""
         address = _format_address(self._scheme, adv, port, machine)
-        return TcpListener(sock, address, auth, self._server_ctx, local, self._spin)
+        return TcpListener(sock, address, auth, self._server_ctx, local, self._spin, self._silence)
 
     @staticmethod
     def _bind_local(auth: Authenticator) -> socket.socket | None:
@@ -1608,7 +1609,7 @@ class TcpTransport:
         if auth is None:
             raise TransportError("fibercore's tcp transport authenticates every connection: pass auth=")
         server_name = (self._tls_options or {}).get("server_name")
-        return _dial(address, auth, self._client_ctx, server_name, self._spin)
+        return _dial(address, auth, self._client_ctx, server_name, self._spin, self._silence)
 
 
 def _after_fork_in_child() -> None:
@@ -1636,11 +1637,10 @@ class TcpPlugin:
                 "server_name": config.get("tls_server_name"),
             }
         spin = DEFAULT_SPIN
-        if config is not None and config.get("heartbeat_timeout"):
-            _silence[0] = float(config.get("heartbeat_timeout"))
         if config is not None and config.get("spin_wait") is not None:
             spin = float(config.get("spin_wait")) * 1e-6
-        return TcpTransport(tls, spin)
+        silence = float(config.get("heartbeat_timeout") or DEFAULT_SILENCE) if config is not None else DEFAULT_SILENCE
+        return TcpTransport(tls, spin, silence)
 
 
 plugin = TcpPlugin()

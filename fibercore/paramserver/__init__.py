@@ -170,7 +170,9 @@ class ParameterServer(Handle):
 
     def _local_state(self) -> ParamState:
         """The state itself, in the creating process (for tests and debugging)."""
-        state = service().get(self._oid)
+        svc = _local(self._address)
+        assert svc is not None, "only the creating process has the state"
+        state = svc.get(self._oid)
         assert isinstance(state, ParamState)
         return state
 

@@ -155,8 +155,8 @@ class Supervision:
     def _poll_interval(self) -> float:
         """How often job states are polled: often while jobs start (their start deadline) or
         the pool adapts its size; once a second when it only waits (a job that dies closes
-        its connection, which wakes this thread at once; on another machine TCP keepalive
-        ends a lost one's within 25 s): every :data:`SETTLED_POLL` seconds, or
+        its connection, which wakes this thread at once; on another machine the heartbeat
+        declares a silent one lost after ``heartbeat_timeout``): every :data:`SETTLED_POLL` seconds, or
         :data:`LOCAL_SETTLED_POLL` when every worker is on this machine."""
         fleet = self.fleet
         if self.min_size is not None or self.max_size is not None:
@@ -187,7 +187,8 @@ class Supervision:
                 else:
                     self.worker_gone(w, lost or f"its job ended ({describe_exit(code)})")
                 if lost is not None and peer is not None:  # nothing more is read from it
-                    self.shared.stats["lost_silent"] += 1
+                    with self.shared.lock:
+                        self.shared.stats["lost_silent"] += 1
                     self.shared.channel.drop(peer)
             elif w.state == STARTING and now > w.deadline:
                 self.start_failed(w, f"it did not join the pool within {self.fleet.start_timeout:.0f} s "

@@ -106,7 +106,10 @@ class Handle:
     _creator: int
 
     def _create(self, state: State) -> None:
-        svc = service()
+        # An object tied to another one (a Value's lock, a Condition's) lives in that one's
+        # service, which may be an earlier address of this process (before an init()).
+        home = getattr(self, "_home", None)
+        svc = (_local(home) if home else None) or service()
         self._address, self._oid, self._creator = svc.address, svc.add(state), os.getpid()
         weakref.finalize(self, svc.release, self._oid).atexit = False
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fibercore.errors import BrokenBarrierError
-from fibercore.sync.handles import Handle, granted, owner_name, service
+from fibercore.sync.handles import Handle, _local, granted, owner_name
 from fibercore.sync.states import (
     BOUNDED,
     LOCK,
@@ -206,10 +206,11 @@ class Condition(WithLock, Handle):
             lock = RLock()
         if not isinstance(lock, (Lock, RLock)):
             raise TypeError(f"a shared Condition needs a fibercore Lock or RLock, not {type(lock).__name__}")
-        svc = service()
-        if lock._address != svc.address:
+        svc = _local(lock._address)
+        if svc is None:
             raise ValueError("a Condition's lock must be created by the same process as the Condition")
         self._lock = lock
+        self._home = lock._address  # the condition lives in its lock's service
         self._create(CondState(svc.get(lock._oid)))  # type: ignore[arg-type]
 
     def _extra(self) -> tuple[Any, ...]:

@@ -18,7 +18,8 @@
 * A process whose connection closes is lost: its locks are released and marked
   abandoned, its waiters dropped, its barriers broken unless it said goodbye (BYE, sent
   by every process at exit). That is the failure model: the connection ends as soon as
-  the process dies (its kernel closes it); a lost machine is noticed by TCP keepalive.
+  the process dies (its kernel closes it); a lost machine is noticed by TCP keepalive
+  (after ``heartbeat_timeout``).
 * An object lives while its creating process holds a handle to it, or for the life of
   the service once a handle has been sent to another process.
 * No peer can stall the service: a small answer goes out at once when its connection

@@ -325,6 +325,7 @@ class SynchronizedValue(_Synchronized, RawValue):
     _raw_class = RawValue
 
     def __init__(self, typecode_or_type: Any, *args: Any, lock: Any = True) -> None:
+        self._home = getattr(lock, "_address", None)  # a lock of its own: the value lives beside it
         RawValue.__init__(self, typecode_or_type, *args)
         self._lock = _lock_for(lock, self)
 
@@ -345,6 +346,7 @@ class SynchronizedArray(_Synchronized, RawArray):
     _raw_class = RawArray
 
     def __init__(self, typecode_or_type: Any, size_or_initializer: Any, lock: Any = True) -> None:
+        self._home = getattr(lock, "_address", None)  # a lock of its own: the value lives beside it
         RawArray.__init__(self, typecode_or_type, size_or_initializer)
         self._lock = _lock_for(lock, self)
 

@@ -97,3 +97,12 @@ def test_the_secret_is_on_no_command_line(ssh_config: dict[str, Any]) -> None:
         p.join(30)
     finally:
         fc.init()
+
+
+def test_ssh_gives_up_on_a_silent_host_after_the_cores_bound_not_sooner() -> None:
+    from fiber_ssh.engine import alive_probes
+
+    for interval, timeout in ((0.5, 4.0), (2.0, 20.0), (3.0, 10.0), (None, None)):
+        every, count = alive_probes(interval, timeout)
+        assert every >= 1 and every * count >= (timeout or 20.0)
+        assert every * count < (timeout or 20.0) + every
