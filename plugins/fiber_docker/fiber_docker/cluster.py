@@ -61,13 +61,7 @@ def cluster_problem() -> str | None:
 
 
 def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return os.path.exists(f"/proc/{pid}")
 
 
 def sweep_stale(client: Any) -> int:
@@ -213,20 +207,20 @@ class Cluster:
         host.container.kill()
 
     @contextlib.contextmanager
-    def partitioned(self, host: Host) -> Iterator[Host]:
-        self.partition(host)
+    def _during(self, host: Host, begin: Callable[[Host], None], end: Callable[[Host], None]) -> Iterator[Host]:
+        begin(host)
         try:
             yield host
         finally:
-            self.heal(host)
+            end(host)
 
-    @contextlib.contextmanager
-    def frozen(self, host: Host) -> Iterator[Host]:
-        self.freeze(host)
-        try:
-            yield host
-        finally:
-            self.thaw(host)
+    def partitioned(self, host: Host) -> contextlib.AbstractContextManager[Host]:
+        """``with cluster.partitioned(host):`` cut off for the block."""
+        return self._during(host, self.partition, self.heal)
+
+    def frozen(self, host: Host) -> contextlib.AbstractContextManager[Host]:
+        """``with cluster.frozen(host):`` paused for the block."""
+        return self._during(host, self.freeze, self.thaw)
 
     # -- the end -------------------------------------------------------------------------------
     def remove(self) -> None:
