@@ -234,16 +234,26 @@ class SharedState(State):
         self._fd: int | None = fd
         self._made = shm.identity(fd)
         self._closer = weakref.finalize(self, os.close, fd)
+        #: Bytes and reads served to processes on other machines (one copy per machine).
+        self.served = 0
+        self.reads = 0
 
     def describe(self) -> str:
-        return f"{self.name}, {self.size:,} bytes" + (", released" if self._fd is None else "")
+        return (f"{self.name}, {self.size:,} bytes, {self.served:,} served"
+                + (", released" if self._fd is None else ""))
 
     def op_read(self, w: Any, offset: int, length: int) -> bytes:
         if self._fd is None:
             raise ReferenceError(f"the shared object {self.name} was released by its creator (Shared.release()): "
                                  "release it only once no process will read it again (a new Pool worker does)")
         offset = max(0, min(int(offset), self.size))
-        return os.pread(self._fd, max(0, min(int(length), CHUNK, self.size - offset)), offset)
+        data = os.pread(self._fd, max(0, min(int(length), CHUNK, self.size - offset)), offset)
+        self.served += len(data)
+        self.reads += 1
+        return data
+
+    def op_stats(self, w: Any) -> dict[str, int]:
+        return {"size": self.size, "bytes_served": self.served, "reads": self.reads}
 
     def op_release(self, w: Any) -> None:
         """Remove the segment (if still the file made here) and stop serving it."""
@@ -390,6 +400,11 @@ class Shared(Handle):
             return mm
         mm.close()
         return _map_fd(fd, self._size, self._private)
+
+    def stats(self) -> dict[str, int]:
+        """``size``, and ``bytes_served``/``reads``: what the creator sent to other machines
+        (each machine reads the object once, whatever number of its processes use it)."""
+        return dict(self._call("stats"))
 
     def release(self) -> None:
         """Remove the segment now (the creating process only); mappings stay readable."""

@@ -65,8 +65,8 @@ def identity(fd: int) -> tuple[int, int]:
 def not_ours(fd: int, tag: bytes, min_size: int) -> str | None:
     """Why the file ``fd`` is not the segment a handle names, or None when it is: a regular
     file, this user's, no access for others, ``min_size`` bytes or more, starting with ``tag``
-    (``"tag"`` when only that differs: a copy still being written, or a file planted under
-    the name)."""
+    (``"tag"`` when only the size or the tag differ: a file of this user still being made,
+    not yet sized or tagged, or another of this user's segments under the name)."""
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
         return "not a regular file"
@@ -74,10 +74,8 @@ def not_ours(fd: int, tag: bytes, min_size: int) -> str | None:
         return f"owner {st.st_uid}"
     if st.st_mode & 0o077:
         return f"mode {st.st_mode & 0o777:o}"
-    if st.st_size < min_size:
-        return f"{st.st_size} bytes"
-    if not hmac.compare_digest(os.pread(fd, len(tag), 0), tag):
-        return "tag"
+    if st.st_size < min_size or not hmac.compare_digest(os.pread(fd, len(tag), 0), tag):
+        return "tag"  # this user's, private: being made (not sized, or its tag not written yet), or another
     return None
 
 
@@ -85,9 +83,9 @@ def open_segment(name: str, tag: bytes, min_size: int, *, writable: bool = False
     """Open segment ``name`` as the handle that knows ``tag`` expects it.
 
     ``(fd, None)`` when it is that segment; ``(None, "missing")`` when nothing is there;
-    ``(None, "tag")`` when a file of this user is there with another tag (a copy still being
-    written); ``(None, why)`` when the file is not ours (a link, another owner, access for
-    others, too small): it must never be used.
+    ``(None, "tag")`` when a private file of this user is there, too small or with another tag
+    (a copy still being made); ``(None, why)`` when the file is not ours (a link, another owner,
+    access for others): it must never be used.
     """
     flags = (os.O_RDWR if writable else os.O_RDONLY) | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
     try:

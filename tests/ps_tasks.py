@@ -78,3 +78,12 @@ def rounds_push_pull(ps, wid: int, n: int, log) -> None:
         log.put((wid, r, version, float(params["w"][0])))
         params, version, accepted = ps.push_pull({"w": np.full(4, wid + 1.0)}, timeout=60)
         assert accepted
+
+
+def rounds_elsewhere(ps, machine: str, wid: int, n: int, log=None) -> list[tuple[int, int]]:
+    """As rounds(), as if this job ran on machine ``machine`` (another machine to the server:
+    pulls come through the relay on this machine's /dev/shm, shared by every job "there")."""
+    import fibercore.paramserver as paramserver
+
+    paramserver.here = lambda: machine
+    return rounds(ps, wid, n, 0.0, log)

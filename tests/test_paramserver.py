@@ -359,6 +359,63 @@ def test_small_parameters_and_share_from_0_keep_to_the_connection():
         assert ps.stats().get("board_pulls", 0) == 0 and ps._local_state().board is None
 
 
+# -- large parameters to other machines: the relay ---------------------------------------------
+
+
+def test_each_version_crosses_to_another_machine_once_however_many_workers_there():
+    """Six jobs "on" two other machines (each pretends so: its pulls come back as relay
+    references); the two share this machine's /dev/shm, so they are one machine to the relay:
+    each version of the 1.2 MB parameters is fetched once, and every worker reads the right
+    version. (tests on the multi-host cluster count real machines.)"""
+    big = np.arange(300_000, dtype=np.float32)
+    ps = mp.ParameterServer({"w": np.zeros(4), "big": big}, staleness=0, lr=1.0, workers=6, share_from=1 << 20)
+    log = mp.Queue()
+    run_processes(ps, T.rounds_elsewhere, [(f"machine{i % 2}", i, 5, log) for i in range(6)])
+    pulls = [log.get(timeout=10) for _ in range(30)]
+    assert sorted(r for _w, r, _v, _w0 in pulls) == sorted(list(range(5)) * 6)
+    assert all(version == r and w0 == -3.5 * r for _wid, r, version, w0 in pulls)  # mean of 1..6 per round
+    stats = ps.stats()
+    size = sum(a.nbytes for a in ps.params()[0].values())
+    assert stats["relay_pulls"] == 30 and stats.get("pulled_bytes", 0) == 0, stats
+    assert stats["host_fetches"] == 5, stats  # 5 versions (0-4), once each
+    assert stats["relayed_bytes"] == 5 * size, stats
+    assert not [n for n in os.listdir("/dev/shm") if n.startswith("fcs-copy-ps-")]  # gone with the jobs
+
+
+def test_a_relay_slot_that_is_planted_stale_or_not_ours_is_not_read():
+    from fibercore.paramserver import relay
+    from fibercore.paramserver.board import SLOTS, layout_of
+
+    params = {"a": np.arange(10.0), "b": np.ones((2, 3), dtype=np.int32)}
+    layout, slot_size = layout_of(params)
+    fetched = []
+
+    def fetch(version):
+        fetched.append(version)
+        return {k: v + version for k, v in params.items()}
+
+    ref = relay.HostRef(os.urandom(16), 0, layout, slot_size)
+    try:
+        assert np.array_equal(ref.read(fetch)["a"], params["a"]) and fetched == [0]
+        assert np.array_equal(ref.read(fetch)["a"], params["a"]) and fetched == [0]  # from the host board
+        later = relay.HostRef(ref.tag, SLOTS, layout, slot_size)  # the same slot, a later version
+        assert np.array_equal(later.read(fetch)["a"], params["a"] + SLOTS) and fetched == [0, SLOTS]
+        assert np.array_equal(ref.read(fetch)["a"], params["a"]) and fetched == [0, SLOTS, 0]  # overwritten: fetched
+    finally:
+        relay._boards.pop(ref.name).mm.close()
+        os.unlink(f"/dev/shm/{ref.name}")
+    # A file under the name that is not this process's board (readable by others): never read.
+    other = relay.HostRef(os.urandom(16), 1, layout, slot_size)
+    with open(f"/dev/shm/{other.name}", "wb") as f:
+        f.write(other.tag + b"\xff" * (other.size - 16))
+    os.chmod(f"/dev/shm/{other.name}", 0o644)
+    try:
+        assert np.array_equal(other.read(fetch)["a"], params["a"] + 1) and fetched[-1] == 1
+        assert relay._boards[other.name] is None
+    finally:
+        os.unlink(f"/dev/shm/{other.name}")
+
+
 def test_a_board_slot_written_again_or_planted_is_not_read(tmp_path):
     from fibercore.paramserver.board import SLOTS, Board, BoardRef
 

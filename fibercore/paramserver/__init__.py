@@ -31,6 +31,7 @@ except ImportError as exc:  # pragma: no cover - numpy is in every environment t
                       "(or numpy)") from exc
 
 from fibercore.paramserver.board import BoardRef, here
+from fibercore.paramserver.relay import HostRef
 from fibercore.paramserver.rules import Aggregate, Apply, Params, ParamState, mean, sgd
 from fibercore.sync.handles import Handle, _local, service
 
@@ -98,13 +99,22 @@ class ParameterServer(Handle):
     def _restore(self, extra: tuple[Any, ...]) -> None:
         self._staleness = int(extra[0])
 
-    def _answer(self, params: Params | BoardRef, version: int) -> tuple[Params, int]:
+    def _answer(self, params: Params | BoardRef | HostRef, version: int) -> tuple[Params, int]:
         if isinstance(params, BoardRef):  # on the server's machine: read from the board
             got = params.read()
             if got is not None:
                 return got, version
             return self.params()  # overwritten meanwhile: a newer version, by the connection
+        if isinstance(params, HostRef):  # on another machine: its relay, fetched once there
+            got = params.read(self._fetch_version)
+            if got is not None:
+                return got, version
+            return self.params()  # no longer kept by the server: the latest, by the connection
         return (_read_only(params) if _local(self._address) is not None else params), version
+
+    def _fetch_version(self, version: int) -> Params | None:
+        got = self._call("version", version)
+        return None if got is None else dict(got)
 
     def _where(self) -> str | None:
         """This machine, for a remote call (the server may answer with the board)."""

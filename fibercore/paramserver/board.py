@@ -43,18 +43,29 @@ def _align(n: int) -> int:
     return (n + _ALIGN - 1) // _ALIGN * _ALIGN
 
 
+def layout_of(params: dict[str, np.ndarray]) -> tuple[Layout, int]:
+    """Where each parameter goes in a slot (after the slot's sequence and version), and the slot's size."""
+    offset = _SEQ.size
+    layout = []
+    for name, value in params.items():
+        offset = _align(offset)
+        layout.append((name, value.dtype.str, tuple(value.shape), offset))
+        offset += value.nbytes
+    return tuple(layout), _align(offset)
+
+
+def fits(params: dict[str, np.ndarray], layout: Layout) -> bool:
+    """Whether ``params`` have ``layout`` (an ``apply`` may change a dtype or shape)."""
+    return len(params) == len(layout) and all(
+        name in params and params[name].dtype.str == dtype and params[name].shape == shape
+        for name, dtype, shape, _ in layout)
+
+
 class Board:
     """The server's side: the segment, and the last version written to each slot."""
 
     def __init__(self, params: dict[str, np.ndarray]) -> None:
-        offset = _SEQ.size
-        layout = []
-        for name, value in params.items():
-            offset = _align(offset)
-            layout.append((name, value.dtype.str, tuple(value.shape), offset))
-            offset += value.nbytes
-        self.layout: Layout = tuple(layout)
-        self.slot_size = _align(offset)
+        self.layout, self.slot_size = layout_of(params)
         self.size = _TAG + SLOTS * self.slot_size
         self.tag = os.urandom(_TAG)
         self.machine = machine_identity()
@@ -77,9 +88,7 @@ class Board:
 
     def fits(self, params: dict[str, np.ndarray]) -> bool:
         """Whether ``params`` have the board's layout (an ``apply`` may change a dtype or shape)."""
-        return len(params) == len(self.layout) and all(
-            name in params and params[name].dtype.str == dtype and params[name].shape == shape
-            for name, dtype, shape, _ in self.layout)
+        return fits(params, self.layout)
 
     def publish(self, version: int, params: dict[str, np.ndarray]) -> int:
         """Write ``version`` (once); its slot."""
@@ -167,4 +176,4 @@ def here() -> str:
     return machine_identity()
 
 
-__all__ = ["SLOTS", "Board", "BoardRef", "here"]
+__all__ = ["SLOTS", "Board", "BoardRef", "fits", "here", "layout_of"]

@@ -23,6 +23,7 @@ logged, and counted in ``stats()["dropped_late"]``.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Hashable, Mapping
@@ -31,7 +32,8 @@ from typing import Any
 import numpy as np
 
 from fibercore.errors import TimeoutError
-from fibercore.paramserver.board import Board, BoardRef
+from fibercore.paramserver.board import SLOTS, Board, BoardRef, here, layout_of
+from fibercore.paramserver.relay import HostRef
 from fibercore.sync.states import ERROR, PARKED, RETURN, State, Waiter
 
 log = logging.getLogger("fibercore.paramserver")
@@ -121,6 +123,9 @@ class ParamState(State):
         self.share_from = share_from
         self.board: Board | None = None
         self._board_failed = False
+        #: Workers on other machines: the last versions, each fetched once per machine (relay).
+        self.relay_tag = os.urandom(16)
+        self.kept: deque[tuple[int, Params]] = deque(maxlen=SLOTS)
         self.staleness = staleness
         self.aggregate = aggregate
         self.apply = apply
@@ -143,6 +148,7 @@ class ParamState(State):
         self.watchers: list[tuple[Waiter, int]] = []  # params(newer_than=...) calls
         self.stats: Counter[str] = Counter()
         self.history: deque[tuple[Any, ...]] = deque(maxlen=HISTORY)
+        self.kept.append((self.version, self.params))
         self._arm_round()
 
     # -- membership ----------------------------------------------------------------------------
@@ -213,28 +219,50 @@ class ParamState(State):
             return self._park(w, "pull", None)
         return self._pulled(m)
 
-    def _pulled(self, m: Member) -> tuple[Params | BoardRef, int]:
+    def _pulled(self, m: Member) -> tuple[Params | BoardRef | HostRef, int]:
         m.late = False
         self.history.append(("pull", m.name, m.clock, self.version, self.now()))
         return self._params_for(m), self.version
 
-    def _params_for(self, m: Member) -> Params | BoardRef:
-        """The parameters, or where on the board a worker on this machine reads them."""
-        if not self.share_from or m.machine is None or self._board_failed:
+    def _params_for(self, m: Member) -> Params | BoardRef | HostRef:
+        """The parameters; or, when they are large, where a worker on this machine reads them
+        (the board) or where one on another machine finds them (its machine's relay)."""
+        if m.machine is None:  # the creating process: its own arrays, read-only views
             return self.params
+        if not self.share_from or sum(v.nbytes for v in self.params.values()) < self.share_from:
+            return self._sent(self.params)
+        if m.machine != here():
+            layout, slot_size = layout_of(self.params)
+            self.stats["relay_pulls"] += 1
+            return HostRef(self.relay_tag, self.version, layout, slot_size)
+        if self._board_failed:
+            return self._sent(self.params)
         if self.board is None:
-            if sum(v.nbytes for v in self.params.values()) < self.share_from:
-                return self.params
             try:
                 self.board = Board(self.params)
             except OSError as exc:  # no /dev/shm, or too small: the connection carries them
                 self._board_failed = True
                 log.warning("parameter server: parameters go through the connection (no board: %s)", exc)
-                return self.params
-        if m.machine != self.board.machine or not self.board.fits(self.params):
-            return self.params
+                return self._sent(self.params)
+        if not self.board.fits(self.params):
+            return self._sent(self.params)
         self.stats["board_pulls"] += 1
         return self.board.ref(self.board.publish(self.version, self.params), self.version)
+
+    def _sent(self, params: Params) -> Params:
+        """``params``, counted as sent through a worker's connection."""
+        self.stats["pulled_bytes"] += sum(v.nbytes for v in params.values())
+        return params
+
+    def op_version(self, w: Waiter, version: int) -> Params | None:
+        """The parameters of ``version`` for the first worker of a machine to need them (it
+        writes them into its machine's relay for the others); None when no longer kept."""
+        for v, params in self.kept:
+            if v == version:
+                self.stats["host_fetches"] += 1
+                self.stats["relayed_bytes"] += sum(a.nbytes for a in params.values())
+                return params
+        return None
 
     def op_push(self, w: Waiter, grads: Mapping[str, Any]) -> Any:
         """Add this worker's gradient for its round: True, or False when it came too late."""
@@ -300,6 +328,7 @@ class ParamState(State):
     def _update(self, gradients: list[Params]) -> None:
         self.params = dict(self.apply(self.params, self.aggregate(gradients)))
         self.version += 1
+        self.kept.append((self.version, self.params))
         self.stats["applied"] += len(gradients)
         self.history.append(("version", self.version, len(gradients), self.now()))
 

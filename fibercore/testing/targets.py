@@ -123,3 +123,37 @@ def sync_party(lock: Any, go: Any, barrier: Any, counter: Any, n: int) -> None:
 def print_then_sleep(marker: str, seconds: float) -> None:
     print(marker, flush=True)
     time.sleep(seconds)
+
+
+def read_shared(handle: Any, i: int) -> tuple[str, int, float]:
+    """(machine, pid, element ``i``) of the array a :func:`fibercore.shared` handle holds."""
+    from fibercore.util import machine_identity
+
+    return machine_identity(), os.getpid(), float(handle.value[i])
+
+
+def ps_rounds(ps: Any, n: int, delay: float = 0.0, out: Any = None) -> list[tuple[str, int, float]]:
+    """``n`` parameter-server rounds: pull (checking every element of ``w`` is the same), wait
+    ``delay``, push ones; (machine, version, w[0]) of each pull, also put on ``out`` (a Queue)."""
+    import numpy as np
+
+    from fibercore.util import machine_identity
+
+    seen = []
+    for _ in range(n):
+        params, version = ps.pull(timeout=120)
+        w = params["w"]
+        if not (w == w[0]).all():
+            raise AssertionError(f"version {version}: a torn read ({w.min()} .. {w.max()})")
+        seen.append((machine_identity(), version, float(w[0])))
+        time.sleep(delay)
+        ps.push({"w": np.ones_like(w)})
+    if out is not None:
+        out.put(seen)
+    return seen
+
+
+def queue_echo(inbox: Any, outbox: Any) -> None:
+    """Put back what comes in ``inbox`` until None."""
+    for item in iter(inbox.get, None):
+        outbox.put(item)

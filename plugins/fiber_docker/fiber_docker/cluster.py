@@ -86,12 +86,15 @@ class Cluster:
     """N hosts as containers of ``image`` on a new bridge network.
 
     ``command`` is each host's main process (default: sleep forever); ``volumes(i)`` the
-    docker volumes of host ``i`` (1-based), e.g. an sshd configuration per host.
+    docker volumes of host ``i`` (1-based), e.g. an sshd configuration per host; ``shm_size``
+    each host's ``/dev/shm`` (Docker's default, 64 MB, holds no large shared object: a
+    machine's processes would each read their own copy).
     """
 
     def __init__(self, image: str, n: int = 4, *, command: list[str] | None = None,
                  volumes: Callable[[int], dict[str, Any]] | None = None, client: Any = None,
-                 ready: Callable[[Host], bool] | None = None, ready_timeout: float = 60.0) -> None:
+                 ready: Callable[[Host], bool] | None = None, ready_timeout: float = 60.0,
+                 shm_size: str = "1g") -> None:
         import docker
 
         if n < 1:
@@ -112,7 +115,7 @@ class Cluster:
                 container = self.client.containers.run(
                     image, command or ["sleep", "infinity"], detach=True, init=True, hostname=name,
                     name=f"fibercore-cluster-{self.tag}-{name}", labels=labels, network=self.network.name,
-                    volumes=volumes(i) if volumes else None)
+                    volumes=volumes(i) if volumes else None, shm_size=shm_size)
                 self.hosts.append(Host(name, self._address(container), container))
             for host in self.hosts:
                 self._wait_ready(host, ready, ready_timeout)

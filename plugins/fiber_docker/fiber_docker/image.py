@@ -176,12 +176,16 @@ def build_image(
     base: str = DEFAULT_BASE,
     source: str | Path | None = None,
     requirements: str | Path | None = None,
+    constraints: str | Path | None = None,
     content_tag: str | None = None,
     ca_bundle: str | None = None,
     network_mode: str = "host",
     log: Any = None,
 ) -> str:
-    """Build (or, with ``content_tag``, reuse) the worker image; return its tag."""
+    """Build (or, with ``content_tag``, reuse) the worker image; return its tag.
+
+    ``constraints``: a pip constraints file (``name==version`` lines) every install in the
+    image obeys, so the same inputs give the same image whenever it is built."""
     import docker
 
     out = log or (lambda text: sys.stderr.write(text))
@@ -196,6 +200,7 @@ def build_image(
     src = Path(source).resolve() if source is not None else None
     user_reqs = Path(requirements).read_text().splitlines() if requirements else []
     user_reqs = [r.strip() for r in user_reqs if r.strip() and not r.lstrip().startswith("#")]
+    pins = Path(constraints).read_text() if constraints else ""
     ca = ca_bundle if ca_bundle is not None else _default_ca_bundle()
     dockerfile = dockerfile_text()
     with tempfile.TemporaryDirectory(prefix="fiber-image-") as tmp:
@@ -205,7 +210,7 @@ def build_image(
         reqs = build_wheels(src, ctx / "wheels") if src is not None else installed_requirements()
         reqs = [*reqs, *user_reqs]
         if content_tag:
-            digest = content_hash([base_id, dockerfile, "\n".join(reqs)], src)
+            digest = content_hash([base_id, dockerfile, "\n".join(reqs), pins], src)
             tag = f"{content_tag}:{digest}"
             if image_exists(client, tag):
                 out(f"fiber_docker.image: {tag} is up to date\n")
@@ -213,6 +218,7 @@ def build_image(
         tag = tag or DEFAULT_TAG
         (ctx / "Dockerfile").write_text(dockerfile)
         (ctx / "requirements.txt").write_text("\n".join(reqs) + "\n")
+        (ctx / "constraints.txt").write_text(pins)
         if ca:
             shutil.copyfile(ca, ctx / "build-ca.crt")
         else:
@@ -236,6 +242,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--base", default=DEFAULT_BASE, help=f"base image with python3 (default {DEFAULT_BASE})")
     parser.add_argument("--source", default=None, help="install fibercore from this checkout instead of the index")
     parser.add_argument("--requirements", "-r", default=None, help="a requirements file for your own code")
+    parser.add_argument("--constraints", "-c", default=None,
+                        help="a pip constraints file (name==version) every install obeys: a reproducible image")
     parser.add_argument("--content-tag", default=None, metavar="REPO",
                         help="tag REPO:<content hash>, and reuse it when it exists")
     parser.add_argument("--ca-bundle", default=None, help="CA bundle pip uses inside the build (default $PIP_CERT)")
@@ -243,6 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         tag = build_image(args.tag, base=args.base, source=args.source, requirements=args.requirements,
+                          constraints=args.constraints,
                           content_tag=args.content_tag, ca_bundle=args.ca_bundle, network_mode=args.network)
     except ImageBuildError as exc:
         sys.stderr.write(f"error: {exc}\n")

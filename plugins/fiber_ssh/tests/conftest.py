@@ -73,8 +73,30 @@ def ssh_cluster(ssh_keys: dict[str, Any], tmp_path_factory: Any) -> Iterator[Any
             for i, host in enumerate(cluster.hosts, 1):
                 fh.write(f"{host.address} {keys[i]}\n")
         cluster.hostfile = ssh_keys["dir"] / "cluster-hosts"
-        cluster.hostfile.write_text("".join(f"{h.address} slots=4 python=/opt/fiber/bin/python\n"
+        cluster.hostfile.write_text("".join(f"{h.address} slots=8 python=/opt/fiber/bin/python\n"
                                             for h in cluster.hosts))
         yield cluster
     finally:
         cluster.remove()
+
+
+@pytest.fixture
+def on_cluster(ssh_cluster: Any, ssh_keys: dict[str, Any]) -> Iterator[Any]:
+    """fibercore on the cluster (fiber-ssh, a hostfile of its hosts, the liveness bound of
+    cluster_helpers); afterwards no fault and no job is left on any host."""
+    from cluster_helpers import BEAT, BOUND, wait_for, worker_pids
+
+    import fibercore as fc
+
+    fc.init(backend="ssh", ssh_hostfile=str(ssh_cluster.hostfile), ssh_identity=str(ssh_keys["key"]),
+            ssh_options=sshd.client_options(ssh_keys["known_hosts"]), ssh_host_retry=2, ssh_connect_timeout=3,
+            heartbeat_interval=BEAT, heartbeat_timeout=BOUND,
+            listen_host=ssh_cluster.gateway)  # this machine's address on the cluster's network
+    yield ssh_cluster
+    for p in fc.active_children():
+        p.kill()
+        p.join(30)
+    fc.init()
+    for host in ssh_cluster.hosts:  # every test leaves a clean cluster: no fault, no job
+        ssh_cluster.heal(host)
+        wait_for(lambda h=host: not worker_pids(ssh_cluster, h), 60, f"jobs left on {host.name}")

@@ -10,61 +10,13 @@ Each test prints what it measured (``-s`` shows it): docs/cluster.md quotes thes
 from __future__ import annotations
 
 import time
-from collections import Counter
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import sshd
+from cluster_helpers import BOUND, MARGIN, hosts_of, wait_for, worker_pids
 
 import fibercore as fc
 from fibercore.testing.targets import echo_pipe, triple_after
-
-#: The liveness bound of these tests (seconds) and the heartbeat behind it.
-BOUND, BEAT = 4.0, 0.5
-#: What a declaration may take beyond the bound: a heartbeat, the pool's poll, ssh's probe.
-MARGIN = 15.0
-
-
-@pytest.fixture
-def on_cluster(ssh_cluster: Any, ssh_keys: dict[str, Any]) -> Iterator[Any]:
-    fc.init(backend="ssh", ssh_hostfile=str(ssh_cluster.hostfile), ssh_identity=str(ssh_keys["key"]),
-            ssh_options=sshd.client_options(ssh_keys["known_hosts"]), ssh_host_retry=2, ssh_connect_timeout=3,
-            heartbeat_interval=BEAT, heartbeat_timeout=BOUND,
-            listen_host=ssh_cluster.gateway)  # this machine's address on the cluster's network
-    yield ssh_cluster
-    for p in fc.active_children():
-        p.kill()
-        p.join(30)
-    fc.init()
-    for host in ssh_cluster.hosts:  # every test leaves a clean cluster: no fault, no job
-        ssh_cluster.heal(host)
-        wait_for(lambda h=host: not worker_pids(ssh_cluster, h), 60, f"jobs left on {host.name}")
-
-
-def wait_for(condition: Any, timeout: float, what: str) -> float:
-    """Seconds until ``condition()`` held; fails the test after ``timeout``."""
-    start = time.monotonic()
-    while not condition():
-        if time.monotonic() - start > timeout:
-            pytest.fail(f"{what} (after {timeout:.0f} s)")
-        time.sleep(0.05)
-    return time.monotonic() - start
-
-
-def worker_pids(cluster: Any, host: Any) -> list[int]:
-    """The fibercore workers running on ``host`` (read from its /proc, not over the network)."""
-    out = cluster.exec(host, ["/opt/fiber/bin/python", "-c",
-                              "import os\n"
-                              "for p in filter(str.isdigit, os.listdir('/proc')):\n"
-                              "    try: c = open(f'/proc/{p}/cmdline','rb').read()\n"
-                              "    except OSError: continue\n"
-                              "    if b'-m\\0fibercore.worker\\0' in c: print(p)"])
-    return [int(p) for p in out.split()]
-
-
-def hosts_of(pool: Any) -> Counter[str]:
-    return Counter(p.job.data.host.name for p in pool.workers() if p.job is not None and p.job.data.host)
 
 
 def start_map(pool: Any, n: int, delay: float) -> Any:

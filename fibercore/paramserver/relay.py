@@ -1,0 +1,207 @@
+"""Large parameters to the workers on *another* machine: each version crosses the network once
+per machine, not once per worker.
+
+A pull from another machine is answered with a :class:`HostRef` (the version and the
+parameters' layout), not the arrays. The worker looks for that version in its machine's
+*host board*, a ``/dev/shm`` segment of ``SLOTS`` slots shared by the server's workers there
+(the same seqlock slots as :mod:`fibercore.paramserver.board`, a slot's version stored plus
+one so that an empty slot is no version). If the version is there, it is copied out. If not,
+the worker takes the slot's lock (``lockf`` on the slot's bytes, released by the kernel if
+the worker dies), looks again (another worker may have just written it), and else fetches
+the version from the server once (``fetch``), writes it into the slot and releases the lock:
+the other workers of the machine, waiting for the lock, then find it there.
+
+The segment is made and opened only through :mod:`fibercore.shm` (``O_EXCL``, mode 0600,
+owner, mode, size and tag checked); its name is a hash of the server's secret tag and the
+layout, its content starts with the tag. A file under the name that is not ours, a machine
+without ``/dev/shm`` or without room: the worker fetches over its connection, as without
+a relay. The process that made the segment removes it at its end (the resource tracker
+after SIGKILL; ``fiber cleanup`` removes copies nothing maps).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import functools
+import hashlib
+import logging
+import mmap
+import os
+import struct
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from fibercore import shm
+from fibercore.lifetime import at_process_end
+from fibercore.paramserver.board import SLOTS, Layout, fits, layout_of
+from fibercore.sharing import _reserve, _track, _unlink
+
+log = logging.getLogger("fibercore.paramserver")
+
+_SEQ = struct.Struct("<QQ")  # sequence, version + 1 (0: empty)
+_TAG = 16
+#: Seconds a worker waits for another one of its machine that is fetching the same version.
+LOCK_WAIT = 120.0
+
+Params = dict[str, np.ndarray]
+
+
+class HostRef:
+    """What a pull from another machine gets: the version, and how to find it on the host board."""
+
+    __slots__ = ("tag", "version", "layout", "slot_size")
+
+    def __init__(self, tag: bytes, version: int, layout: Layout, slot_size: int) -> None:
+        self.tag, self.version, self.layout, self.slot_size = tag, version, layout, slot_size
+
+    def __reduce__(self) -> Any:
+        return (HostRef, (self.tag, self.version, self.layout, self.slot_size))
+
+    @property
+    def name(self) -> str:
+        """The host board's name: the server's tag and the layout, hashed (the tag stays secret)."""
+        digest = hashlib.sha256(self.tag + repr(self.layout).encode()).hexdigest()[:32]
+        return f"{shm.COPY_PREFIX}ps-{digest}"
+
+    @property
+    def size(self) -> int:
+        return _TAG + SLOTS * self.slot_size
+
+    def read(self, fetch: Callable[[int], Params | None]) -> Params | None:
+        """The version's parameters: from the host board, or fetched once for the machine with
+        ``fetch(version)`` and written there. None when the server no longer has the version
+        (the caller asks for the latest)."""
+        board = _board(self)
+        if board is None:
+            return fetch(self.version)
+        return board.read_or_fetch(self, fetch)
+
+
+class HostBoard:
+    """This process's view of its machine's host board: the mapping, and a descriptor for the slots' locks."""
+
+    def __init__(self, fd: int, mm: mmap.mmap) -> None:
+        self.fd = fd
+        self.mm = mm
+        self.locks = [threading.Lock() for _ in range(SLOTS)]  # lockf does not exclude this process's threads
+
+    def _copy_out(self, ref: HostRef, base: int) -> Params | None:
+        seq, stored = _SEQ.unpack_from(self.mm, base)
+        if seq % 2 or stored != ref.version + 1:
+            return None
+        view = np.frombuffer(self.mm, dtype=np.uint8, count=ref.slot_size, offset=base)
+        out = {}
+        for name, dtype, shape, offset in ref.layout:
+            dt = np.dtype(dtype)
+            count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+            out[name] = view[offset:offset + count * dt.itemsize].view(dt).reshape(shape).copy()
+        if _SEQ.unpack_from(self.mm, base) != (seq, stored):  # written again while copying
+            return None
+        return out
+
+    def _write(self, ref: HostRef, base: int, params: Params) -> None:
+        seq = _SEQ.unpack_from(self.mm, base)[0]
+        seq += seq % 2  # a writer that died mid-write left it odd
+        _SEQ.pack_into(self.mm, base, seq + 1, ref.version + 1)
+        view = np.frombuffer(self.mm, dtype=np.uint8, count=ref.slot_size, offset=base)
+        for name, _dtype, _shape, offset in ref.layout:
+            value = np.ascontiguousarray(params[name])
+            view[offset:offset + value.nbytes] = value.view(np.uint8).reshape(-1)
+        _SEQ.pack_into(self.mm, base, seq + 2, ref.version + 1)
+
+    def read_or_fetch(self, ref: HostRef, fetch: Callable[[int], Params | None]) -> Params | None:
+        slot = ref.version % SLOTS
+        base = _TAG + slot * ref.slot_size
+        got = self._copy_out(ref, base)
+        if got is not None:
+            return got
+        with self.locks[slot]:
+            if not _lock_range(self.fd, base, ref.slot_size):
+                return fetch(ref.version)  # the machine's fetcher is stuck: this worker's own copy
+            try:
+                got = self._copy_out(ref, base)
+                if got is not None:
+                    return got
+                params = fetch(ref.version)
+                if params is not None and fits(params, ref.layout):
+                    self._write(ref, base, params)
+                return params
+            finally:
+                fcntl.lockf(self.fd, fcntl.LOCK_UN, ref.slot_size, base)
+
+
+def _lock_range(fd: int, start: int, length: int) -> bool:
+    """Take the record lock on ``length`` bytes at ``start``; False after :data:`LOCK_WAIT`."""
+    deadline = time.monotonic() + LOCK_WAIT
+    pause = 0.001
+    while True:
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, length, start)
+            return True
+        except OSError as exc:
+            if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                raise
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(pause)
+        pause = min(pause * 2, 0.02)
+
+
+_boards: dict[str, HostBoard | None] = {}
+_boards_lock = threading.Lock()
+
+
+def _board(ref: HostRef) -> HostBoard | None:
+    """This machine's host board for ``ref`` (made here if no process of the machine made it
+    yet); None when it cannot be used (the worker then fetches over its connection)."""
+    name = ref.name
+    with _boards_lock:
+        if name in _boards:
+            return _boards[name]
+        board = _open_or_make(name, ref.tag, ref.size)
+        _boards[name] = board
+        return board
+
+
+def _open_or_make(name: str, tag: bytes, size: int) -> HostBoard | None:
+    deadline = time.monotonic() + 10.0
+    while True:
+        try:
+            fd = shm.create_segment(name)
+        except FileExistsError:
+            found, why = shm.open_segment(name, tag, size, writable=True)
+            if found is not None:
+                return HostBoard(found, mmap.mmap(found, size))
+            if why == "tag" and time.monotonic() < deadline:  # its maker is writing the tag: a moment
+                time.sleep(0.005)
+                continue
+            if why not in ("missing", "tag"):
+                log.warning("%s/%s is not this machine's parameter board (%s): not used", shm.SHM_DIR, name, why)
+                return None
+            if why == "missing" and time.monotonic() < deadline:  # removed meanwhile: make it
+                continue
+            return None
+        except OSError as exc:  # no /dev/shm here
+            log.info("parameter server: no host board (%s); each worker fetches its own", exc)
+            return None
+        made = shm.identity(fd)
+        try:
+            _track(name)
+            at_process_end(functools.partial(_unlink, name, made))
+            _reserve(fd, size, shm.segment_path(name))
+            mm = mmap.mmap(fd, size)
+        except OSError as exc:  # no room in this machine's /dev/shm
+            _unlink(name, made)
+            os.close(fd)
+            log.info("parameter server: no host board (%s); each worker fetches its own", exc)
+            return None
+        mm[:_TAG] = tag  # last: the board is ready for the others
+        return HostBoard(fd, mm)
+
+
+__all__ = ["HostBoard", "HostRef", "layout_of"]
