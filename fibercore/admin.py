@@ -199,6 +199,10 @@ class AdminHub:
             self._by_peer.pop(peer, None)
         self.channel.drop(peer)
         launch.gone.set()
+        if launch.remote_host is not None and launch.remote_pid is not None:
+            from fibercore import liveness
+
+            liveness.declare_lost(launch.remote_host, launch.remote_pid)
 
     def close(self) -> None:
         self.channel.close()

@@ -42,7 +42,7 @@ from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from fibercore import lifetime, sync
+from fibercore import lifetime, liveness, sync
 from fibercore.errors import (
     AuthenticationError,
     ProcessError,
@@ -63,6 +63,7 @@ from fibercore.rpc import (
     RemoteError,
 )
 from fibercore.rpc import client as rpc_client
+from fibercore.rpc import close_to as rpc_close_to
 from fibercore.rpc import peek as rpc_peek
 from fibercore.runtime import adopt_credentials, credentials_for_child, get_runtime
 from fibercore.util import off_thread, start_finalizer_thread, with_traceback
@@ -703,12 +704,23 @@ class BaseManager:
         finally:
             reader.close()
         self._state = "started"
+        liveness.on_lost(self._server_lost)
         # As multiprocessing: a manager nobody shuts down stops when collected or at exit.
         self._finalizer = lifetime.track(
             self, functools.partial(_stop_server, self._process, self._address, self._authkey,
                                     self._shutdown_timeout),
             lifetime.MANAGER)
         registry.track_manager(self)
+
+    def _server_lost(self, host: str, pid: int) -> None:
+        """The server's job was declared lost (silent past ``heartbeat_timeout``): this
+        process's calls to it raise now instead of waiting on the network."""
+        popen = getattr(self._process, "_popen", None)
+        if popen is None or getattr(popen, "where", None) != (host, pid) or self._address is None:
+            return
+        rpc_close_to(self._address, ProcessError(
+            f"the manager's server on {host} (pid {pid}) was declared lost: silent past heartbeat_timeout "
+            "(its host partitioned, frozen or gone); start a new manager"))
 
     def _view(self) -> dict[str, Any]:
         """What ``fiber top`` and the dashboard show of this manager (:mod:`fibercore.observe`)."""

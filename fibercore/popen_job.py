@@ -196,6 +196,14 @@ class JobPopen:
             self._hub.forget(self._launch)
 
     @property
+    def where(self) -> tuple[str, int] | None:
+        """(host name, pid) of the job's worker as it introduced itself; None before it connected."""
+        launch = self._launch
+        if launch.remote_host is None or launch.remote_pid is None:
+            return None
+        return launch.remote_host, launch.remote_pid
+
+    @property
     def lost(self) -> str | None:
         """Why the admin hub declared this job lost (silent past ``heartbeat_timeout``), or None."""
         return self._launch.lost

@@ -87,6 +87,7 @@ class Client:
         self.waiting: dict[int, Future] = {}
         self.lock = threading.Lock()
         self.closed = False
+        self.gone = f"{self.what} is gone (shut down or its process ended)"  # what later calls say
         self.reading = threading.Lock()  # held by the one thread that reads answers for all
         self.channel.on_peer_event(self._peer_event)
 
@@ -95,6 +96,8 @@ class Client:
             self.close(ProcessError(f"{self.what} went away (shut down or its process ended)"))
 
     def close(self, exc: BaseException) -> None:
+        if not self.closed:
+            self.gone = str(exc)
         self.closed = True
         self._fail_all(exc)
         self.channel.close()
@@ -174,7 +177,7 @@ class Client:
         Future (``future.req`` is the request id)."""
         future = Future(self if reply else None)
         if self.closed:
-            future._answer(ERROR, ProcessError(f"{self.what} is gone (shut down or its process ended)"))
+            future._answer(ERROR, ProcessError(self.gone))
             return future
         req = future.req = next(self.ids)
         if reply:
@@ -208,6 +211,14 @@ def client(address: str, key: bytes | None, what: str | None = None, service: st
 def forget(found: Client) -> None:
     """Drop a closed client from the cache."""
     _clients.discard(found)
+
+
+def close_to(address: str, exc: BaseException) -> None:
+    """Close this process's connections to the server at ``address`` (it was declared lost):
+    waiting calls raise ``exc``, later ones say it is gone."""
+    for found in _clients.here():
+        if found.address == address and not found.closed:
+            found.close(exc)
 
 
 def peek(address: str, key: bytes | None) -> Client | None:

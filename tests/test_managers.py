@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import multiprocessing.managers
+import os
 import time
 
 import pytest
@@ -314,3 +315,24 @@ def test_shutdown_and_exit_are_quick_and_the_server_is_gone_when_they_return():
     del m
     gc.collect()
     assert mine() == set()  # a dropped manager is stopped by then
+
+
+def test_a_manager_whose_server_is_declared_lost_raises_at_once():
+    """Its server's job declared lost (silent past heartbeat_timeout; frozen here with
+    SIGSTOP, by hand): a call raises ProcessError at once instead of waiting on TCP."""
+    import signal
+    import socket
+
+    from fibercore import liveness
+
+    manager = mp.Manager()
+    try:
+        d = manager.dict()
+        d["a"] = 1
+        os.kill(manager._process.pid, signal.SIGSTOP)
+        liveness.declare_lost(socket.gethostname(), manager._process.pid)
+        with pytest.raises(mp.ProcessError, match="declared lost"):
+            d["b"] = 2
+    finally:
+        manager._process.kill()
+        manager._process.join(30)

@@ -440,3 +440,34 @@ def test_a_board_slot_written_again_or_planted_is_not_read(tmp_path):
         assert BoardRef(planted, board.tag, board.size, board.slot_size, 0, 0, board.layout).read() is None
     finally:
         os.unlink(f"/dev/shm/{planted}")
+
+
+# -- a job declared lost ---------------------------------------------------------------------
+
+
+def test_a_job_declared_lost_leaves_the_rounds_at_once():
+    """The admin hub declares a job lost when it is silent past heartbeat_timeout (a host cut
+    off; tests on the multi-host cluster do that for real). Here a worker is frozen (SIGSTOP:
+    its connections stay open, TCP would wait) and declared lost by hand: the service drops
+    its connections at once and the rounds go on without it."""
+    import socket
+
+    from fibercore import liveness
+
+    ps = mp.ParameterServer({"w": np.zeros(4)}, staleness=0, lr=1.0, workers=2)
+    q = mp.Queue()
+    procs = [mp.Process(target=T.pid_then_rounds, args=(ps, q, i, 100_000, 0.01)) for i in range(2)]
+    for p in procs:
+        p.start()
+    try:
+        assert {q.get(timeout=60) for _ in procs} == {p.pid for p in procs}
+        eventually(lambda: ps.version >= 3, 60)
+        os.kill(procs[0].pid, signal.SIGSTOP)
+        liveness.declare_lost(socket.gethostname(), procs[0].pid)
+        eventually(lambda: ps.stats().get("members_lost") == 1, 30)
+        version = ps.version
+        eventually(lambda: ps.version >= version + 3, 30)
+    finally:
+        for p in procs:
+            p.kill()
+            p.join(30)

@@ -42,6 +42,7 @@ import time
 from collections.abc import Callable, Hashable
 from typing import Any
 
+from fibercore import liveness
 from fibercore.errors import ProcessError, TransportClosed, TransportError
 from fibercore.rpc import HEAD, REPLY, REQUEST
 from fibercore.runtime import get_runtime
@@ -96,6 +97,7 @@ class SyncService:
         self.ids = itertools.count(1)
         self.parked: dict[tuple[Hashable, int], Waiter] = {}  # (peer, request) -> waiter
         self.names: dict[Hashable, str] = {}  # peer -> "Process-3 (pid 41 on node-7)"
+        self.origins: dict[Hashable, tuple[str, int]] = {}  # peer -> (host, pid) it introduced itself with
         self.leaving: set[Hashable] = set()  # peers that said BYE
         self._outbox: list[tuple[Hashable, int, int, Any]] = []
         # Peers whose answers wait for room, each with a sending thread of its own.
@@ -108,7 +110,16 @@ class SyncService:
         self._timer_ids = itertools.count()
         self._timer_thread: threading.Thread | None = None
         self.channel.on_peer_event(self._peer_event)
+        liveness.on_lost(self._job_lost)
         threading.Thread(target=self._serve, name="fiber-sync", daemon=True).start()
+
+    def _job_lost(self, host: str, pid: int) -> None:
+        """A job was declared lost: drop its connections now, as if it had died (its parked
+        calls end, its locks go, a ParameterServer round stops waiting for it)."""
+        with self.lock:
+            peers = [peer for peer, origin in self.origins.items() if origin == (host, pid)]
+        for peer in peers:
+            self.channel.drop(peer)
 
     # -- objects ------------------------------------------------------------------------------
     def add(self, state: State) -> int:
@@ -272,6 +283,10 @@ class SyncService:
         elif op == HELLO:
             info = self.serializer.loads(parts[1:])
             self.names[peer] = f"{info.get('name', '?')} (pid {info.get('pid', '?')} on {info.get('host', '?')})"
+            try:
+                self.origins[peer] = (str(info["host"]), int(info["pid"]))
+            except (KeyError, TypeError, ValueError):
+                pass
         elif op == BYE:
             self.leaving.add(peer)
 
@@ -305,6 +320,7 @@ class SyncService:
             return
         with self.lock:
             who = self.names.pop(peer, f"a process connected as {peer!r}")
+            self.origins.pop(peer, None)
             abrupt = peer not in self.leaving
             self.leaving.discard(peer)
             for key in [k for k in self.parked if k[0] == peer]:

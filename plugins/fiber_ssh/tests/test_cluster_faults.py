@@ -12,11 +12,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import numpy as np
 import pytest
-from cluster_helpers import BOUND, MARGIN, hosts_of, wait_for, worker_pids
+from cluster_helpers import BOUND, MARGIN, host_of, hosts_of, wait_for, worker_pids
 
 import fibercore as fc
-from fibercore.testing.targets import echo_pipe, triple_after
+from fibercore.testing.targets import echo_pipe, ps_rounds, queue_echo, triple_after
 
 
 def start_map(pool: Any, n: int, delay: float) -> Any:
@@ -155,3 +156,86 @@ def test_a_pipe_to_a_cut_off_host_raises_within_the_bound(on_cluster: Any) -> No
     assert p.exitcode == -9, p.exitcode
     print(f"\npipe across a partition: EOFError after {closed_after:.1f} s, job declared lost after "
           f"{lost_after:.1f} s (bound {BOUND} s)")
+
+
+def test_a_parameter_server_round_does_not_wait_for_a_cut_off_worker(on_cluster: Any) -> None:
+    """BSP rounds with two workers per host; one host cut off: once its workers are declared
+    lost the round closes without them, and the others go on."""
+    cluster = on_cluster
+    n = 2 * len(cluster.hosts)
+    ps = fc.ParameterServer({"w": np.zeros(4)}, staleness=0, lr=0.5, workers=n)
+    procs = [fc.Process(target=ps_rounds, args=(ps, 100_000, 0.02)) for _ in range(n)]
+    for p in procs:
+        p.start()
+    wait_for(lambda: ps.version >= 5, 120, "the first rounds")
+    victim = host_of(cluster, procs[0])
+    on_victim = [p for p in procs if host_of(cluster, p) is victim]
+    stale = worker_pids(cluster, victim)
+    cluster.partition(victim)
+    cut_at = ps.version
+    lost_after = wait_for(lambda: ps.stats().get("members_lost", 0) >= len(on_victim), BOUND + MARGIN,
+                          f"the {len(on_victim)} cut-off workers dropped from the rounds")
+    going_after = wait_for(lambda: ps.version >= cut_at + 5, 60, "rounds going on without the cut-off workers")
+    for p in on_victim:
+        p.join(BOUND + MARGIN)
+        assert p.exitcode == -9, p.exitcode
+    cluster.heal(victim)
+    ended_after = wait_for(lambda: not set(stale) & set(worker_pids(cluster, victim)), BOUND + MARGIN,
+                           "stale jobs ended")
+    print(f"\nParameterServer across a partition: {len(on_victim)} workers dropped after {lost_after:.1f} s, "
+          f"5 more versions after {going_after:.1f} s; stale jobs gone {ended_after:.1f} s after the heal; "
+          f"{ps.stats()}")
+
+
+def test_a_queue_consumer_cut_off_is_declared_lost_and_nothing_put_is_lost(on_cluster: Any) -> None:
+    """A consumer on a cut-off host: it is declared lost; what is put meanwhile is taken by a
+    new consumer elsewhere (the queue lives in the master, its puts never wait for a peer)."""
+    cluster = on_cluster
+    inbox, outbox = fc.Queue(), fc.Queue()
+    first = fc.Process(target=queue_echo, args=(inbox, outbox))
+    first.start()
+    inbox.put(1)
+    assert outbox.get(timeout=120) == 1
+    # Item 1 is acknowledged (its reader told the queue it consumed it) before the cut: a
+    # reader lost within QUIET (50 ms) of a get has that item handed out again (docs/cluster.md).
+    wait_for(lambda: inbox.qsize() == 0, 60, "item 1 acknowledged")
+    victim = host_of(cluster, first)
+    cluster.partition(victim)
+    t0 = time.monotonic()
+    for i in range(2, 6):
+        inbox.put(i)
+    first.join(BOUND + MARGIN)
+    lost_after = time.monotonic() - t0
+    assert first.exitcode == -9, first.exitcode
+    second = fc.Process(target=queue_echo, args=(inbox, outbox))
+    second.start()
+    assert host_of(cluster, second) is not victim
+    got = sorted(outbox.get(timeout=120) for _ in range(4))
+    inbox.put(None)
+    second.join(60)
+    cluster.heal(victim)
+    print(f"\nQueue across a partition: consumer declared lost after {lost_after:.1f} s; its successor took {got}")
+    assert got == [2, 3, 4, 5]
+
+
+def test_a_manager_cut_off_raises_within_the_bound(on_cluster: Any) -> None:
+    """The manager's server on a cut-off host: a proxy call raises within the bound, never hangs."""
+    cluster = on_cluster
+    manager = fc.Manager()  # started: its server is a job on one of the hosts
+    try:
+        d = manager.dict()
+        d["a"] = 1
+        victim = host_of(cluster, manager._process)
+        cluster.partition(victim)
+        t0 = time.monotonic()
+        with pytest.raises((EOFError, OSError, fc.ProcessError)) as raised:
+            for i in range(1000):
+                d[f"k{i}"] = i
+                time.sleep(0.01)
+        raised_after = time.monotonic() - t0
+        cluster.heal(victim)
+    finally:
+        manager._process.kill()
+        manager._process.join(30)
+    print(f"\nManager across a partition: {type(raised.value).__name__} after {raised_after:.1f} s: {raised.value}")
+    assert raised_after <= BOUND + MARGIN
