@@ -87,3 +87,16 @@ def rounds_elsewhere(ps, machine: str, wid: int, n: int, log=None) -> list[tuple
 
     paramserver.here = lambda: machine
     return rounds(ps, wid, n, 0.0, log)
+
+
+def hold_relay_board(ps, machine: str, ready, hold) -> None:
+    """Pull once "from another machine" (making this machine's relay board), report its name,
+    keep it until ``hold`` is set."""
+    import fibercore.paramserver as paramserver
+    from fibercore.paramserver import relay
+
+    paramserver.here = lambda: machine
+    ps.pull(timeout=60)
+    ready.put(next(name for name, board in relay._boards.items() if board is not None))
+    hold.wait(120)
+    ps.leave()

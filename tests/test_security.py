@@ -2757,3 +2757,83 @@ def test_nng_data_ports_taken_first_by_another_user_keep_the_dialer(local_user, 
     assert "did not answer" not in out + err
     assert max(during) < max(10.0, 5 * reference), (during, reference)
     assert after < max(5.0, 3 * reference), after
+
+
+# -- the parameter server's relay board on a worker's machine -----------------------------------
+
+
+def attack_relay_board(name: str, size: int) -> dict:
+    """Plant a file under a relay board's name (0x7f everywhere, readable by all) if it is
+    free; else try to open, read and write the one there, and fill /dev/shm beside it."""
+    import errno as _errno
+
+    out: dict = {}
+    try:
+        fd = os.open(f"/dev/shm/{name}", os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o666)
+    except FileExistsError:
+        out["planted"] = False
+    else:
+        os.fchmod(fd, 0o666)
+        os.write(fd, b"\x7f" * size)
+        os.close(fd)
+        out["planted"] = True
+        return out
+    for mode, what in ((os.O_RDONLY, "read"), (os.O_RDWR, "write")):
+        try:
+            os.close(os.open(f"/dev/shm/{name}", mode))
+            out[what] = True
+        except OSError as exc:
+            out[what] = _errno.errorcode.get(exc.errno or 0, str(exc.errno))
+    try:
+        os.unlink(f"/dev/shm/{name}")
+        out["unlinked"] = True
+    except OSError as exc:
+        out["unlinked"] = _errno.errorcode.get(exc.errno or 0, str(exc.errno))
+    return out
+
+
+def test_a_parameter_relay_board_is_never_taken_from_another_user(local_user):
+    """Rows "parameter relay board": jobs "on another machine" (they pretend so, and share this
+    machine's /dev/shm) get large parameters through their machine's relay board. Another
+    user who creates a file under its name first (0x7f, readable by all) is not read: every
+    worker fetches its own, right values. Once ours exists, the other user can neither open,
+    write nor remove it."""
+    import numpy as np
+
+    from fibercore.paramserver.board import layout_of
+    from fibercore.paramserver.relay import HostRef
+    from tests import ps_tasks as T
+
+    big = np.arange(300_000, dtype=np.float32)
+    ps = mp.ParameterServer({"w": np.zeros(4), "big": big}, staleness=0, lr=1.0, workers=2, share_from=1 << 20)
+    state = ps._local_state()
+    layout, slot_size = layout_of(state.params)
+    ref = HostRef(state.relay_tag, 0, layout, slot_size)
+    assert local_user.run(attack_relay_board, ref.name, ref.size) == {"planted": True}
+    try:
+        log = mp.Queue()
+        procs = [mp.Process(target=T.rounds_elsewhere, args=(ps, "elsewhere", i, 3, log)) for i in range(2)]
+        for p in procs:
+            p.start()
+        pulls = [log.get(timeout=60) for _ in range(6)]
+        for p in procs:
+            p.join(60)
+        assert [p.exitcode for p in procs] == [0, 0]
+        assert all(version == r and w0 == -1.5 * r for _wid, r, version, w0 in pulls), pulls  # never 0x7f
+        assert ps.stats()["host_fetches"] == 6  # each worker fetched its own: the planted file was not used
+        assert os.stat(f"/dev/shm/{ref.name}").st_uid == local_user.uid  # and was left alone
+    finally:
+        os.unlink(f"/dev/shm/{ref.name}")
+    # Ours, made by a worker: the other user cannot open, write or remove it.
+    hold = mp.Event()
+    ready = mp.Queue()
+    p = mp.Process(target=T.hold_relay_board, args=(ps, "elsewhere", ready, hold))
+    p.start()
+    try:
+        name = ready.get(timeout=60)
+        got = local_user.run(attack_relay_board, name, ref.size)
+        assert got == {"planted": False, "read": "EACCES", "write": "EACCES", "unlinked": "EPERM"}, got
+        assert os.stat(f"/dev/shm/{name}").st_mode & 0o777 == 0o600
+    finally:
+        hold.set()
+        p.join(60)
