@@ -38,9 +38,10 @@ def docker_problem() -> str | None:
     return None
 
 
-def test_image(checkout: str | Path) -> str:
+def test_image(checkout: str | Path, extra_requirements: tuple[str, ...] = ()) -> str:
     """The worker image of this checkout's code (with numpy, for the tasks the tests run on
-    other hosts; every version from the checkout's constraints.txt): ``FIBER_DOCKER_TEST_IMAGE``
+    other hosts, and ``extra_requirements``; every version from the checkout's
+    constraints.txt): ``FIBER_DOCKER_TEST_IMAGE``
     if set, else built (or reused, by content) on a local Debian base from
     ``plugins/fiber_docker/tests/image/base.sh`` (``FIBER_DOCKER_TEST_BASE`` overrides)."""
     from fiber_docker.image import build_image
@@ -56,10 +57,15 @@ def test_image(checkout: str | Path) -> str:
         if done.returncode != 0:
             raise RuntimeError(f"building the test base image failed:\n{done.stderr[-3000:]}")
         base = done.stdout.strip().splitlines()[-1]
+    import tempfile
+
     image_dir = checkout / "plugins" / "fiber_docker" / "tests" / "image"
-    return build_image(base=base, source=checkout, requirements=image_dir / "requirements.txt",
-                       constraints=checkout / "constraints.txt", content_tag="fibercore-test/worker",
-                       log=lambda text: None)
+    with tempfile.NamedTemporaryFile("w", suffix=".txt") as reqs:
+        reqs.write((image_dir / "requirements.txt").read_text() + "".join(f"{r}\n" for r in extra_requirements))
+        reqs.flush()
+        return build_image(base=base, source=checkout, requirements=reqs.name,
+                           constraints=checkout / "constraints.txt", content_tag="fibercore-test/worker",
+                           log=lambda text: None)
 
 
 test_image.__test__ = False  # type: ignore[attr-defined]  # not a pytest test

@@ -49,7 +49,7 @@ def ssh_cluster(ssh_keys: dict[str, Any], tmp_path_factory: Any) -> Iterator[Any
     """The multi-host test cluster (fiber_docker.cluster; 4 hosts, FIBER_TEST_CLUSTER_HOSTS=N
     for more), each host running sshd with its own host key (in known_hosts) that lets the
     session's client key in."""
-    from fiber_docker.cluster import Cluster, cluster_problem
+    from fiber_docker.cluster import cluster_problem
 
     problem = docker_problem() or cluster_problem()
     if problem is not None:
@@ -57,24 +57,9 @@ def ssh_cluster(ssh_keys: dict[str, Any], tmp_path_factory: Any) -> Iterator[Any
     import docker
 
     client = docker.from_env()
-    image = sshd.sshd_image(client, test_image(CHECKOUT))
-    states = {i: Path(tmp_path_factory.mktemp(f"cluster-host{i}")) for i in range(1, CLUSTER_HOSTS + 1)}
-    keys = {i: sshd.container_state(state, ssh_keys["public"]) for i, state in states.items()}
-    # The client's directory (key, known_hosts, the hostfile) is at the same path on every
-    # host, as a shared home directory is on a real cluster: a job there starts nested
-    # Processes over ssh with the same configuration.
-    shared = str(ssh_keys["dir"])
-    cluster = Cluster(image, CLUSTER_HOSTS, command=sshd.CONTAINER_SSHD, client=client,
-                      volumes=lambda i: {str(states[i]): {"bind": "/fiber-ssh", "mode": "ro"},
-                                         shared: {"bind": shared, "mode": "ro"}},
-                      ready=lambda host: sshd.answers_ssh(host.address))
+    cluster = sshd.start_cluster(client, test_image(CHECKOUT), CLUSTER_HOSTS, ssh_keys["dir"], ssh_keys["public"],
+                                 ssh_keys["known_hosts"])
     try:
-        with open(ssh_keys["known_hosts"], "a") as fh:
-            for i, host in enumerate(cluster.hosts, 1):
-                fh.write(f"{host.address} {keys[i]}\n")
-        cluster.hostfile = ssh_keys["dir"] / "cluster-hosts"
-        cluster.hostfile.write_text("".join(f"{h.address} slots=8 python=/opt/fiber/bin/python\n"
-                                            for h in cluster.hosts))
         yield cluster
     finally:
         cluster.remove()

@@ -182,3 +182,46 @@ class ContainerSshd:
 
     def remove(self) -> None:
         self.container.remove(force=True)
+
+
+def start_cluster(client: Any, worker_image: str, n: int, client_dir: Path, client_public: str,
+                  known_hosts: Path, slots: int = 8, mounts: tuple[str, ...] = ()) -> Any:
+    """A multi-host cluster (``fiber_docker.cluster.Cluster``) of ``n`` sshd hosts built on
+    ``worker_image``: each host's key goes into ``known_hosts``, the client's key lets one in,
+    and ``cluster.hostfile`` (in ``client_dir``) lists the hosts with ``slots`` each.
+
+    ``client_dir`` (key, known_hosts, the hostfile) and each path of ``mounts`` are at the
+    same path on every host, read-only, as a shared home directory is on a real cluster: a
+    job there starts nested Processes over ssh with the same configuration, and imports what
+    the master imports from a mounted checkout. Remove it with ``cluster.remove()``."""
+    import tempfile
+
+    from fiber_docker.cluster import Cluster
+
+    image = sshd_image(client, worker_image)
+    states = {i: Path(tempfile.mkdtemp(prefix=f"fibercore-cluster-host{i}-")) for i in range(1, n + 1)}
+    keys = {i: container_state(state, client_public) for i, state in states.items()}
+    shared = {str(client_dir): {"bind": str(client_dir), "mode": "ro"},
+              **{path: {"bind": path, "mode": "ro"} for path in mounts}}
+    cluster = Cluster(image, n, command=CONTAINER_SSHD, client=client,
+                      volumes=lambda i: {str(states[i]): {"bind": "/fiber-ssh", "mode": "ro"}, **shared},
+                      ready=lambda host: answers_ssh(host.address))
+    try:
+        with open(known_hosts, "a") as fh:
+            for i, host in enumerate(cluster.hosts, 1):
+                fh.write(f"{host.address} {keys[i]}\n")
+        cluster.hostfile = client_dir / "cluster-hosts"
+        cluster.hostfile.write_text("".join(f"{h.address} slots={slots} python=/opt/fiber/bin/python\n"
+                                            for h in cluster.hosts))
+    except BaseException:
+        cluster.remove()
+        raise
+    remove = cluster.remove
+
+    def remove_all() -> None:
+        remove()
+        for state in states.values():
+            shutil.rmtree(state, ignore_errors=True)
+
+    cluster.remove = remove_all
+    return cluster
