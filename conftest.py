@@ -23,6 +23,7 @@ NEEDS = {
     "slurm_conf": ("needs_slurm",),
     "ssh_keys": ("needs_sshd",),
     "ssh_cluster": ("needs_docker", "needs_sshd", "needs_cluster"),
+    "slurm_multinode": ("needs_docker", "needs_slurm", "needs_cluster"),
 }
 
 

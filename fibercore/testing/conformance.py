@@ -412,7 +412,8 @@ class BackendConformance:
     def test_start_failure_reports_status_and_logs(self) -> None:
         if self.broken_python_exe is None:
             pytest.skip("backend declares no broken interpreter path")
-        fc.init(backend=self.backend, python_exe=self.broken_python_exe, start_timeout=30, **self.config)
+        # The backend's own configuration may name an interpreter (its nodes' python): this one wins.
+        fc.init(backend=self.backend, **{**self.config, "python_exe": self.broken_python_exe, "start_timeout": 30})
         p = fc.Process(target=sleep_for, args=(0,))
         with pytest.raises(ProcessError) as info:
             p.start()

@@ -157,3 +157,11 @@ def queue_echo(inbox: Any, outbox: Any) -> None:
     """Put back what comes in ``inbox`` until None."""
     for item in iter(inbox.get, None):
         outbox.put(item)
+
+
+def where_am_i(delay: float = 0.0) -> str:
+    """This machine's host name, after ``delay`` seconds."""
+    import socket
+
+    time.sleep(delay)
+    return socket.gethostname()

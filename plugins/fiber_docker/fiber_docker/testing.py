@@ -71,6 +71,24 @@ def test_image(checkout: str | Path, extra_requirements: tuple[str, ...] = ()) -
 test_image.__test__ = False  # type: ignore[attr-defined]  # not a pytest test
 
 
+def layered_image(client: Any, worker_image: str, dockerfile_template: str, repository: str) -> str:
+    """``worker_image`` with the steps of ``dockerfile_template`` (``FROM {base}`` first) on top:
+    tagged ``repository:<worker image id>-<recipe hash>``, built once per worker image and recipe."""
+    import hashlib
+    import io
+
+    dockerfile = dockerfile_template.format(base=worker_image).encode()
+    worker_id = client.images.get(worker_image).id.split(":")[-1][:12]
+    tag = f"{repository}:{worker_id}-{hashlib.sha256(dockerfile).hexdigest()[:8]}"
+    try:
+        client.images.get(tag)
+        return tag
+    except Exception:
+        pass
+    client.images.build(fileobj=io.BytesIO(dockerfile), tag=tag, network_mode="host", rm=True)
+    return tag
+
+
 class Registry:
     """A real registry (the distribution registry, Debian's ``docker-registry``) on 127.0.0.1.
 

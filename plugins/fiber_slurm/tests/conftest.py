@@ -20,15 +20,10 @@ def slurm_conf(tmp_path_factory: Any) -> Iterator[Path]:
         skip_or_fail(why, "slurm")
     state = Path(tmp_path_factory.mktemp("slurm"))
     conf = slurm_cluster.up(state)
-    saved = os.environ.get("SLURM_CONF")
-    os.environ["SLURM_CONF"] = str(conf)  # the master's sbatch, and jobs that start jobs
     try:
-        yield conf
+        with slurm_cluster.conf_in_env(conf):
+            yield conf
     finally:
-        if saved is None:
-            os.environ.pop("SLURM_CONF", None)
-        else:
-            os.environ["SLURM_CONF"] = saved
         slurm_cluster.down(state)
 
 
@@ -36,3 +31,31 @@ def slurm_conf(tmp_path_factory: Any) -> Iterator[Path]:
 def slurm_config(slurm_conf: Path) -> dict[str, Any]:
     return {"listen_host": "127.0.0.1", "slurm_spool_dir": str(slurm_conf.parent / "fiber"),
             "slurm_poll_interval": 0.2, "slurm_kill_after": 3.0}
+
+
+CHECKOUT = Path(__file__).resolve().parents[3]
+#: Nodes of the multi-node Slurm (FIBER_TEST_CLUSTER_HOSTS asks for more).
+CLUSTER_HOSTS = int(os.environ.get("FIBER_TEST_CLUSTER_HOSTS") or 4)
+
+
+@pytest.fixture(scope="session")
+def slurm_multinode(tmp_path_factory: Any) -> Iterator[slurm_cluster.MultiNode]:
+    """A multi-node Slurm: slurmctld here, one slurmd on each host of the multi-host test
+    cluster (fiber_docker.cluster), the checkout and the jobs' spool shared with every node."""
+    from fiber_docker.cluster import cluster_problem
+    from fiber_docker.testing import docker_problem, test_image
+
+    why = slurm_cluster.problem() or docker_problem() or cluster_problem()
+    if why:
+        skip_or_fail(why, "multi-node slurm")
+    import docker
+
+    client = docker.from_env()
+    root = Path(tmp_path_factory.mktemp("slurm-multinode"))
+    slurm = slurm_cluster.MultiNode(root / "state", client, test_image(CHECKOUT), CLUSTER_HOSTS, root / "spool",
+                                    mounts=(str(CHECKOUT),))
+    try:
+        with slurm_cluster.conf_in_env(slurm.conf):
+            yield slurm
+    finally:
+        slurm.down()

@@ -4,13 +4,16 @@ declaring 8 CPUs (SlurmdParameters=config_overrides), stopped by the PIDs record
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 CONF = """ClusterName=fibertest
 SlurmctldHost=localhost(127.0.0.1)
@@ -43,6 +46,20 @@ SchedulerParameters=batch_sched_delay=0,sched_min_interval=0
 NodeName=localhost NodeAddr=127.0.0.1 CPUs=8 RealMemory=8000 State=UNKNOWN
 PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
 """
+
+
+@contextlib.contextmanager
+def conf_in_env(conf: Path) -> Iterator[Path]:
+    """``SLURM_CONF`` set to ``conf`` meanwhile (the master's sbatch, and jobs that start jobs)."""
+    saved = os.environ.get("SLURM_CONF")
+    os.environ["SLURM_CONF"] = str(conf)
+    try:
+        yield conf
+    finally:
+        if saved is None:
+            os.environ.pop("SLURM_CONF", None)
+        else:
+            os.environ["SLURM_CONF"] = saved
 
 
 def problem() -> str | None:
@@ -91,18 +108,122 @@ def up(state: Path) -> Path:
 def down(state: Path) -> None:
     """Stop each daemon by the PID it recorded."""
     for name in ("slurmd", "slurmctld", "munged"):
-        pid_file = state / "run" / f"{name}.pid"
+        _stop(state / "run" / f"{name}.pid")
+
+
+def _stop(pid_file: Path) -> None:
+    """SIGTERM to the PID in ``pid_file``; wait up to 10 s for it to go."""
+    try:
+        pid = int(pid_file.read_text().strip())
+    except (OSError, ValueError):
+        return
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    for _ in range(100):
         try:
-            pid = int(pid_file.read_text().strip())
-        except (OSError, ValueError):
-            continue
-        try:
-            os.kill(pid, signal.SIGTERM)
+            os.kill(pid, 0)
         except ProcessLookupError:
-            continue
-        for _ in range(100):
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                break
-            time.sleep(0.1)
+            return
+        time.sleep(0.1)
+
+
+# -- a multi-node Slurm on the test cluster ----------------------------------------------------
+
+HOST_DOCKERFILE = """FROM {base}
+RUN printf '#!/bin/sh\\nexit 101\\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d \\
+ && apt-get update -q \\
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends slurmd slurm-client munge \\
+ && rm -f /usr/sbin/policy-rc.d && rm -rf /var/lib/apt/lists/*
+"""
+
+
+def host_image(client: Any, worker_image: str) -> str:
+    """The worker image plus Debian's slurmd, its client commands (a job starts jobs) and
+    munge (the same release as this machine's slurmctld), built once per worker image and recipe."""
+    from fiber_docker.testing import layered_image
+
+    return layered_image(client, worker_image, HOST_DOCKERFILE, "fibercore-test/slurmd")
+
+
+class MultiNode:
+    """slurmctld (and munged) on this machine, one slurmd (and munged) on each host of a
+    ``fiber_docker.cluster.Cluster``: NodeName=host1..N, NodeAddr their addresses.
+
+    Every node sees its own state directory at the same path as this machine's (``state``),
+    with the same slurm.conf and munge key: the daemons of each keep their sockets, pid
+    files, logs and spool apart. ``shared`` (the jobs' spool: output and secret files) and
+    each path of ``mounts`` are the same directory everywhere, as a cluster's shared file
+    system. Stopped by PID here, and with the containers there (:meth:`down`)."""
+
+    def __init__(self, state: Path, client: Any, worker_image: str, n: int, shared: Path,
+                 mounts: tuple[str, ...] = ()) -> None:
+        from fiber_docker.cluster import Cluster
+
+        self.state = state
+        for sub in ("run", "log", "ctld", "spool"):
+            (state / sub).mkdir(parents=True, exist_ok=True)
+        state.chmod(0o700)
+        shared.mkdir(parents=True, exist_ok=True)
+        shared.chmod(0o700)
+        self.nodes = [state.parent / f"{state.name}-host{i}" for i in range(1, n + 1)]
+        for node in self.nodes:
+            for sub in ("run", "log", "spool"):
+                (node / sub).mkdir(parents=True, exist_ok=True)
+            node.chmod(0o700)
+        volumes = {str(shared): {"bind": str(shared), "mode": "rw"},
+                   **{path: {"bind": path, "mode": "ro"} for path in mounts}}
+        self.cluster = Cluster(host_image(client, worker_image), n, client=client,
+                               volumes=lambda i: {str(self.nodes[i - 1]): {"bind": str(state), "mode": "rw"},
+                                                  **volumes})
+        try:
+            self._start()
+        except BaseException:
+            self.down()
+            raise
+
+    def _start(self) -> None:
+        state = self.state
+        key = os.urandom(1024)
+        hosts = self.cluster.hosts
+        text = CONF.format(state=state, ctld_port=_free_port(), slurmd_port=6818)
+        text = text.replace("SlurmctldHost=localhost(127.0.0.1)",
+                            f"SlurmctldHost={socket.gethostname()}({self.cluster.gateway})")
+        text = text.split("NodeName=")[0] + "".join(
+            f"NodeName={h.name} NodeAddr={h.address} CPUs=8 RealMemory=8000 State=UNKNOWN\n" for h in hosts)
+        text += f"PartitionName=debug Nodes={','.join(h.name for h in hosts)} Default=YES MaxTime=INFINITE State=UP\n"
+        for where in (state, *self.nodes):
+            (where / "munge.key").write_bytes(key)
+            (where / "munge.key").chmod(0o400)
+            (where / "slurm.conf").write_text(text)
+        munged = ["/usr/sbin/munged", "--force", f"--socket={state}/run/munge.sock", f"--key-file={state}/munge.key",
+                  f"--pid-file={state}/run/munged.pid", f"--log-file={state}/log/munged.log",
+                  f"--seed-file={state}/run/munge.seed"]
+        conf = str(state / "slurm.conf")
+        subprocess.run(munged, check=True)
+        subprocess.run(["/usr/sbin/slurmctld", "-f", conf], check=True, env={**os.environ, "SLURM_CONF": conf})
+        for host in hosts:  # each node's own munged and slurmd, in its own namespaces
+            self.cluster.exec(host, munged)
+            self.cluster.exec(host, ["/usr/sbin/slurmd", "-f", conf, "-N", host.name])
+        self.conf = state / "slurm.conf"
+        env = {**os.environ, "SLURM_CONF": conf}
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            out = subprocess.run(["sinfo", "-h", "-N", "-o", "%T"], capture_output=True, text=True, env=env).stdout
+            if out.split() == ["idle"] * len(hosts):
+                return
+            time.sleep(0.3)
+        logs = (state / "log" / "slurmctld.log").read_text()[-2000:]
+        for node in self.nodes:
+            if (node / "log" / "slurmd.log").exists():
+                logs += (node / "log" / "slurmd.log").read_text()[-800:]
+        raise RuntimeError(f"the multi-node test Slurm did not become idle ({out.split()}):\n{logs}")
+
+    def down(self) -> None:
+        """slurmctld and munged here by their PIDs; the nodes' daemons go with their containers."""
+        for name in ("slurmctld", "munged"):
+            _stop(self.state / "run" / f"{name}.pid")
+        self.cluster.remove()
+        for node in self.nodes:
+            shutil.rmtree(node, ignore_errors=True)

@@ -117,18 +117,9 @@ RUN printf '#!/bin/sh\\nexit 101\\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sb
 
 def sshd_image(client: Any, worker_image: str) -> str:
     """The worker image plus Debian's openssh-server, built once per worker image."""
-    import io
+    from fiber_docker.testing import layered_image
 
-    worker_id = client.images.get(worker_image).id.split(":")[-1][:12]
-    tag = f"fibercore-test/sshd:{worker_id}"
-    try:
-        client.images.get(tag)
-        return tag
-    except Exception:
-        pass
-    dockerfile = SSHD_DOCKERFILE.format(base=worker_image).encode()
-    client.images.build(fileobj=io.BytesIO(dockerfile), tag=tag, network_mode="host", rm=True)
-    return tag
+    return layered_image(client, worker_image, SSHD_DOCKERFILE, "fibercore-test/sshd")
 
 
 #: The command of a container that is an sshd host (its state mounted at /fiber-ssh).
