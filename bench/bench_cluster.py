@@ -16,8 +16,9 @@ Needs root or the docker group, a dockerd, and the test base image (built on fir
 Sections (each measure is taken on the cluster and against its floor in the same run):
   msg     between the master and a job on another host: Pipe 100 B round trip, apply_async
           round trip on Pool(1), Queue 100 B messages/s (master to job), 1 MB and 100 MB
-          sent over a Pipe (answered with one byte): against the floor, a plain Python TCP
-          socket between the same two network namespaces (no authentication, no
+          sent over a Pipe (answered with one byte), with frames encrypted (the default) and
+          with network_encryption=False (authenticated only): against the floor, a plain
+          Python TCP socket between the same two network namespaces (no authentication, no
           encryption), and against the same fibercore measure on one machine (the local
           backend)
   shared  a 100 MB ``shared()`` table read by 8 workers on each host: seconds, and the bytes
@@ -52,6 +53,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 for _name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_name, "1")
@@ -111,10 +113,10 @@ class Setup:
         net.reload()
         self.bridge = f"/sys/class/net/br-{net.id[:12]}/statistics/tx_bytes"
 
-    def on_cluster(self, hostfile: Path | None = None) -> None:
+    def on_cluster(self, hostfile: Path | None = None, **extra: Any) -> None:
         fibercore.init(backend="ssh", ssh_hostfile=str(hostfile or self.cluster.hostfile),
                        ssh_identity=str(self.keys / "id_ed25519"), ssh_options=self.options,
-                       listen_host=self.cluster.gateway)
+                       listen_host=self.cluster.gateway, **extra)
 
     def sent(self) -> int:
         """Bytes this machine has sent into the cluster's bridge so far."""
@@ -244,6 +246,7 @@ def section_msg(setup: Setup, rounds: int, quick: bool) -> None:
     print("msg: the master and a job on another host, beside the floor (raw TCP, same namespaces) "
           "and fibercore on one machine", flush=True)
     cross: dict[str, list[float]] = {}
+    clear: dict[str, list[float]] = {}  # network_encryption=False: frames authenticated, not encrypted
     floor: dict[str, list[float]] = {}
     here: dict[str, list[float]] = {}
     measures: list[tuple[str, str, str, Callable[[], float], Callable[[RawClient], float]]] = [
@@ -264,13 +267,17 @@ def section_msg(setup: Setup, rounds: int, quick: bool) -> None:
             cross.setdefault(name, []).append(ours())
             floor.setdefault(name, []).append(theirs(raw))
         raw.close()
+        setup.on_cluster(network_encryption=False)
+        for name, _u, _b, ours, _t in measures:
+            clear.setdefault(name, []).append(ours())
         with local():
             for name, _u, _b, ours, _t in measures:
                 here.setdefault(name, []).append(ours())
     for name, unit, better, _o, _t in measures:
-        c, f, h = (statistics.median(x[name]) for x in (cross, floor, here))
-        record("msg", name, unit, better, cluster=c, floor=f, one_machine=h,
+        c, u, f, h = (statistics.median(x[name]) for x in (cross, clear, floor, here))
+        record("msg", name, unit, better, cluster=c, cluster_unencrypted=u, floor=f, one_machine=h,
                ratio_to_floor=(c / f if better == "lower" else f / c),
+               unencrypted_ratio_to_floor=(u / f if better == "lower" else f / u),
                ratio_to_one_machine=(c / h if better == "lower" else h / c))
 
 
@@ -433,6 +440,8 @@ def plot(path: str) -> None:
 
     bars = [(f"{measure}", values["ratio_to_floor"]) for _s, measure, _u, _b, values in ROWS
             if "ratio_to_floor" in values]
+    bars += [(f"{measure} (network_encryption=False)", values["unencrypted_ratio_to_floor"])
+             for _s, measure, _u, _b, values in ROWS if "unencrypted_ratio_to_floor" in values]
     bars += [(f"{measure} (vs one machine)", values["ratio_to_one_machine"]) for _s, measure, _u, _b, values in ROWS
              if "ratio_to_one_machine" in values and "ratio_to_floor" not in values]
     if not bars:
@@ -460,6 +469,8 @@ def main() -> int:
     parser.add_argument("--sb3", action="store_true", help="also the sb3 section (the hosts' image gets torch)")
     parser.add_argument("--report", metavar="STEM", help="write STEM.md (table) and STEM.png (plot)")
     args = parser.parse_args()
+    if args.report:
+        args.report = os.path.abspath(args.report)  # before the chdir below
     os.chdir(BENCH)  # jobs run in the master's directory: this one, mounted on every host
     sections = list(args.sections) + (["sb3"] if args.sb3 and "sb3" not in args.sections else [])
     rounds = 1 if args.quick else args.rounds

@@ -93,6 +93,10 @@ CORE_OPTIONS: tuple[Option, ...] = (
                                               "is rerun before its exception is the result."),
     Option("transport", str, "tcp", "Which transport carries frames: tcp (the built-in: TCP, Unix sockets on one "
                                     "machine, TLS with tls = true) or the name a transport plugin answers to."),
+    Option("network_encryption", bool, True,
+           "Encrypt frames between machines (AES-256-GCM). False: they are still authenticated "
+           "(AES-GMAC), counted and bound to their connection, but readable on the network: large "
+           "transfers cost less; only on a network you trust. Every process of a program must agree."),
     Option("tls", bool, False, "Run every endpoint over tls+tcp (needs tls_cert_file and tls_ca_file)."),
     Option("tls_cert_file", str, None, "PEM file with this process's certificate and key."),
     Option("tls_ca_file", str, None, "PEM file of the CA that signed every peer's certificate."),

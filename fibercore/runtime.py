@@ -73,7 +73,7 @@ class Runtime:
         The channel's address is the transport's, then ``#`` and the listener's identity
         (:mod:`fibercore.wire.handshake`): a dialer of that address accepts only this listener.
         """
-        auth = Authenticator(key or self.secret, kind, self.limits, service)
+        auth = Authenticator(key or self.secret, kind, self.limits, service, clear=self.clear_frames)
         fixed = {"port": port} if port else {}  # a fixed port (a manager's address): transports may refuse
         endpoint = self.transport.listen(kind, host or self.bind_host, host or self.listen_host, auth=auth, **fixed)
         return Channel(endpoint, kind, listening=True, address=f"{endpoint.address}#{auth.identity.hex()}")
@@ -81,8 +81,13 @@ class Runtime:
     def dial(self, kind: str, address: str, key: bytes | None = None, service: str | None = None) -> Channel:
         """A channel connected (and authenticated) to the listening channel at ``address``."""
         target, expect = split_identity(address)
-        auth = Authenticator(key or self.secret, kind, self.limits, service, expect)
+        auth = Authenticator(key or self.secret, kind, self.limits, service, expect, clear=self.clear_frames)
         return Channel(self.transport.dial(kind, target, auth=auth), kind, listening=False, address=address)
+
+    @property
+    def clear_frames(self) -> bool:
+        """Whether network frames go authenticated but unencrypted (``network_encryption=False``)."""
+        return not self.config.get("network_encryption")
 
     @property
     def limits(self) -> Limits:

@@ -536,6 +536,41 @@ def test_unix_streams_leave_out_the_mac_and_tcp_keeps_it(monkeypatch):
     hub.close()
     spoke.close()
 @pytest.mark.builtin_transport  # speaks the built-in transport's records, sockets or names
+def test_network_encryption_off_authenticates_frames_and_both_sides_must_agree(monkeypatch):
+    """Row "network_encryption=False": over TCP the frames are GMACed, not encrypted (what is
+    sent is on the wire as it is); a side that did not choose it cannot even connect, so no
+    peer downgrades another; Unix-domain streams are unchanged."""
+    from fibercore.builtins import tcp_transport
+    from fibercore.errors import AuthenticationError
+    from fibercore.wire.frames import ClearOpener, ClearSealer, StreamSealer
+    from tests.helpers import connected_router
+
+    monkeypatch.setattr(tcp_transport, "LOCAL_SOCKETS", False)
+    rt = mp.get_runtime()
+    mp.init(network_encryption=False)
+    try:
+        rt = mp.get_runtime()
+        hub, spoke, peer = connected_router(rt)
+        assert isinstance(peer.sealer, ClearSealer) and isinstance(spoke.endpoint.peer.opener, ClearOpener)
+        spoke.close()
+        mp.init(network_encryption=True)  # this side encrypts: the handshake with a clear listener fails
+        with pytest.raises(AuthenticationError, match="network_encryption"):
+            mp.get_runtime().dial("router", hub.address)
+        hub.close()
+    finally:
+        mp.init()
+    monkeypatch.setattr(tcp_transport, "LOCAL_SOCKETS", True)
+    mp.init(network_encryption=False)
+    try:
+        hub, spoke, peer = connected_router(mp.get_runtime())
+        assert isinstance(peer.sealer, StreamSealer)  # one machine, one user: as before
+        hub.close()
+        spoke.close()
+    finally:
+        mp.init()
+
+
+@pytest.mark.builtin_transport  # speaks the built-in transport's records, sockets or names
 def test_a_handshake_relayed_to_another_listener_fails_before_any_proof(monkeypatch):
     """A dialer that meant listener A but reached listener B (a relay joining it to B's port)
     refuses B's HELLO, which names B: it sends no proof an attacker could test keys against."""

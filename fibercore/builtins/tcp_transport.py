@@ -1521,13 +1521,15 @@ def _handshake(sock: socket.socket, address: str, auth: Authenticator, spin: flo
             raise _Refused(str(exc)) from None
         raise AuthenticationError(
             f"{address} refused this connection ({exc}): it does not hold the same secret (another "
-            "session's, or a manager with another authkey), or it is not a fibercore endpoint"
+            "session's, or a manager with another authkey), its network_encryption setting differs, or it is not "
+            "a fibercore endpoint"
         ) from None
     except HandshakeFailed as exc:
         conn.close()
         raise AuthenticationError(
             f"{address} refused this connection ({exc}): it does not hold the same secret (another "
-            "session's, or a manager with another authkey), or it is not a fibercore endpoint"
+            "session's, or a manager with another authkey), its network_encryption setting differs, or it is not "
+            "a fibercore endpoint"
         ) from None
     if not conn.tls:
         sock.setblocking(True)  # reads wait in the kernel (receive_timeout); MSG_DONTWAIT otherwise

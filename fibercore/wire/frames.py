@@ -1,4 +1,5 @@
-"""Frames: many messages in one unit, sealed with one direction's key (authenticated; encrypted on a network).
+"""Frames: many messages in one unit, sealed with one direction's key (authenticated; encrypted on a network
+unless the program chose ``network_encryption=False``).
 
 Every integer on the wire is an unsigned 64-bit little-endian word (one encoding)::
 
@@ -11,6 +12,11 @@ its AES-256-GCM tag (the counter as associated data; key = this connection's key
 this direction, :mod:`fibercore.wire.handshake`; nonce = counter, 12 bytes LE). What
 crosses a network is so confidential even without TLS, and behind a TLS relay that
 holds a certificate of the same CA.
+
+With ``network_encryption=False`` (:class:`ClearSealer`) nothing is encrypted: ``tag`` is
+the AES-GMAC of the whole body (the GCM tag with the body as associated data), so a frame is
+still authenticated, counted and bound to its connection and direction, but readable on the
+network. Both ends agree on it in the handshake (it is in every proof).
 
 On a private stream (a Unix-domain connection; the handshake proved both ends see
 one, :mod:`fibercore.wire.handshake`) the tag is all zeros and not checked: only the
@@ -318,6 +324,46 @@ class StreamOpener(Opener):
         if nwords == 6 and nmsgs == 1 and nparts == 1 and size == len(view) - 64:
             return [(op, [view[64:]])]  # one message in one part, read in one call
         return _split(view[TAG_SIZE:])
+
+
+class ClearSealer(Sealer):
+    """For a network connection whose program chose ``network_encryption=False``: frames are
+    authenticated (AES-GMAC: the GCM tag over the whole frame as associated data, nothing
+    encrypted) and counted, but sent in clear. The tag costs about a sixth of encrypting."""
+
+    def seal(self, messages: Sequence[Message]) -> list[Any]:
+        self._counter += 1
+        head, payload, size = self._layout(messages)
+        nonce = self._counter.to_bytes(12, "little")
+        if size <= _ONE_SHOT_MAX:
+            return [self._aead.encrypt(nonce, b"", b"".join([head, *payload])), head, *payload]
+        mac = Cipher(self._aes, modes.GCM(nonce)).encryptor()
+        mac.authenticate_additional_data(head)
+        for part in payload:
+            if isinstance(part, memoryview) and (part.format != "B" or part.ndim != 1):
+                part = part.cast("B")
+            mac.authenticate_additional_data(part)
+        mac.finalize()
+        return [mac.tag, head, *payload]
+
+
+class ClearOpener(Opener):
+    """The receiving side of :class:`ClearSealer`: the tag is checked over the whole frame
+    before anything in it is looked at; the body is a view of the frame (no copy)."""
+
+    def _verify(self, view: memoryview, counter: int) -> memoryview:
+        nonce = counter.to_bytes(12, "little") if counter < 1 << 96 else b""
+        body = view[TAG_SIZE:]
+        try:
+            if len(view) <= _ONE_SHOT_MAX:
+                self._aead.decrypt(nonce, bytes(view[:TAG_SIZE]), body)
+            else:
+                check = Cipher(self._aes, modes.GCM(nonce, bytes(view[:TAG_SIZE]))).decryptor()
+                check.authenticate_additional_data(body)
+                check.finalize()
+        except (InvalidTag, ValueError, OverflowError):
+            raise BadFrame("bad authentication tag") from None
+        return body
 
 
 def _split(body: memoryview) -> Messages:

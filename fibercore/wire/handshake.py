@@ -28,9 +28,11 @@ MAC too, so a dialer without an identity to expect (a manager reached by its
 
 ``via`` is one byte, each side's own view of the connection: ``P`` for a private
 stream (a Unix-domain socket: only the two processes can write into it), ``N`` for a
-network one. Frames on a private stream keep their counters but carry no MAC (the
-kernel binds them to the connection and direction); since both views are in the
-proofs, a relay that joins a Unix socket to a TCP one fails the handshake, so no
+network one, ``C`` for a network one whose frames go authenticated but unencrypted
+(``network_encryption=False``: a side that did not choose it fails the handshake).
+Frames on a private stream keep their counters but carry no MAC (the kernel binds
+them to the connection and direction); since both views are in the proofs, a relay
+that joins a Unix socket to a TCP one fails the handshake, so no
 frame a third party could touch ever goes unauthenticated.
 
 A handshake message is at most :data:`MAX_HANDSHAKE_FRAME` bytes; the listener
@@ -45,7 +47,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from fibercore.wire.frames import Opener, Sealer, StreamOpener, StreamSealer
+from fibercore.wire.frames import ClearOpener, ClearSealer, Opener, Sealer, StreamOpener, StreamSealer
 
 MAGIC = b"FIBERv4\x00"
 NONCE = 32
@@ -89,14 +91,20 @@ class Session:
 
     __slots__ = ("sealer", "opener", "label", "lock", "sending", "deferred", "private", "__weakref__")
 
-    def __init__(self, tx_key: bytes, rx_key: bytes, label: str, private: bool = False) -> None:
+    def __init__(self, tx_key: bytes, rx_key: bytes, label: str, private: bool = False, clear: bool = False) -> None:
         self.lock = threading.Lock()  # sealing and sending, so frames leave in counter order
         self.sending: int | None = None  # the thread inside the lock
         self.deferred: list[Any] = []  # messages sent re-entrantly (a GC finalizer) meanwhile
         # ``private``: the handshake proved both ends see a stream only their two processes
-        # can write into; frames keep their counters and leave out the MAC.
-        self.sealer = StreamSealer(tx_key) if private else Sealer(tx_key)
-        self.opener = StreamOpener(rx_key) if private else Opener(rx_key)
+        # can write into; frames keep their counters and leave out the MAC. ``clear``: a
+        # network stream whose frames are authenticated but not encrypted (both ends chose it).
+        if private:
+            self.sealer: Sealer = StreamSealer(tx_key)
+            self.opener: Opener = StreamOpener(rx_key)
+        elif clear:
+            self.sealer, self.opener = ClearSealer(tx_key), ClearOpener(rx_key)
+        else:
+            self.sealer, self.opener = Sealer(tx_key), Opener(rx_key)
         self.label = label
         #: Only the two processes can write into this connection (and both are on one
         #: machine: the kernel ends it at once when either exits).
@@ -110,9 +118,10 @@ class Handshake:
     """One side of one connection's handshake, driven by the transport frame by frame."""
 
     def __init__(self, key: bytes, context: bytes, identity: bytes | None, listening: bool, label: str,
-                 private: bool = False) -> None:
+                 private: bool = False, clear: bool = False) -> None:
         self._key = key
         self._private = private
+        self._clear = clear and not private
         self._context = context  # ``kind / service``; ``via || identity`` go in front once known
         self._identity = identity  # the listener's own, or the one a dialer expects (None: any)
         self._listening = listening
@@ -128,7 +137,7 @@ class Handshake:
 
     def _bind(self, identity: bytes) -> None:
         """What every MAC of this handshake covers: ``via || identity || kind/service``."""
-        self._bound = (b"P" if self._private else b"N") + identity + self._context
+        self._bound = (b"P" if self._private else b"C" if self._clear else b"N") + identity + self._context
 
     def start(self) -> bytes | None:
         """What to send as soon as the connection is open (the listener speaks first)."""
@@ -149,7 +158,7 @@ class Handshake:
             nonce_l, nonce_d = self._nonce, data[:NONCE]
             if not hmac.compare_digest(data[NONCE:], _mac(self._key, b"fibercore dialer", self._bound,
                                                            nonce_l, nonce_d)):
-                raise HandshakeFailed("wrong key")
+                raise HandshakeFailed("wrong key (or the other side's network_encryption differs)")
             self._other = nonce_d
             self._finish(nonce_l, nonce_d)
             return _mac(self._key, b"fibercore listener", self._bound, nonce_l, nonce_d)
@@ -168,7 +177,8 @@ class Handshake:
         nonce_l, nonce_d = self._other, self._nonce
         if len(data) != MAC or not hmac.compare_digest(
                 data, _mac(self._key, b"fibercore listener", self._bound, nonce_l, nonce_d)):
-            raise HandshakeFailed("the listener did not prove it holds the key")
+            raise HandshakeFailed("the listener did not prove it holds the key (or its network_encryption "
+                                  "setting differs from this side's)")
         self._finish(nonce_l, nonce_d)
         return None
 
@@ -177,9 +187,9 @@ class Handshake:
         to_dialer = _mac(base, b"listener to dialer")
         to_listener = _mac(base, b"dialer to listener")
         if self._listening:
-            self.session = Session(to_dialer, to_listener, self._label, self._private)
+            self.session = Session(to_dialer, to_listener, self._label, self._private, self._clear)
         else:
-            self.session = Session(to_listener, to_dialer, self._label, self._private)
+            self.session = Session(to_listener, to_dialer, self._label, self._private, self._clear)
 
 
 class Authenticator:
@@ -190,8 +200,10 @@ class Authenticator:
     """
 
     def __init__(self, key: bytes, kind: str, limits: Limits | None = None, service: str | None = None,
-                 expect: bytes | None = None) -> None:
+                 expect: bytes | None = None, clear: bool = False) -> None:
         self._key = key
+        #: Network frames authenticated but not encrypted (``network_encryption=False``).
+        self.clear = clear
         self.kind = kind
         self.service = service or kind
         self.limits = limits or Limits()
@@ -210,11 +222,11 @@ class Authenticator:
         """A handshake for a connection this endpoint accepted; ``private``: a stream only
         the two processes can write into (a Unix-domain socket whose peer's user was
         checked), whose frames need no MAC."""
-        return Handshake(self._key, self._context, self.identity, True, label, private)
+        return Handshake(self._key, self._context, self.identity, True, label, private, self.clear)
 
     def dialer(self, label: str = "?", private: bool = False) -> Handshake:
         """A handshake for a connection this endpoint opened (``private`` as for listener)."""
-        return Handshake(self._key, self._context, self.expect, False, label, private)
+        return Handshake(self._key, self._context, self.expect, False, label, private, self.clear)
 
     def __repr__(self) -> str:  # never shows the key (hook traces print arguments)
         return f"<Authenticator {self.kind}/{self.service}>"

@@ -1229,7 +1229,8 @@ class NngDialer:
                     elif answer == _REFUSED or len(answer) <= MAC_SIZE + TOKEN:
                         raise AuthenticationError(
                             f"{self.address} refused this connection: it does not hold the same secret (another "
-                            "session's, or a manager with another authkey), or it is closing")
+                            "session's, or a manager with another authkey), its network_encryption setting "
+                            "differs, or it is closing")
                     else:
                         try:
                             hs.feed(answer[:MAC_SIZE])
