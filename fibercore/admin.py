@@ -208,7 +208,7 @@ class AdminHub:
         self.channel.close()
 
 
-_hubs: dict[tuple[str, str, bool], AdminHub] = {}
+_hubs: dict[tuple[str, str, bool, bool], AdminHub] = {}
 _hub_lock = threading.Lock()
 
 
@@ -220,7 +220,7 @@ def get_hub() -> AdminHub:
     on the new address; hubs of earlier jobs stay up for them.
     """
     rt = get_runtime()
-    key = (rt.listen_host, rt.bind_host, bool(rt.config.get("tls")))
+    key = rt.listener_kind
     hub = _hubs.get(key)
     if hub is None:
         with _hub_lock:

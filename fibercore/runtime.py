@@ -85,6 +85,12 @@ class Runtime:
         return Channel(self.transport.dial(kind, target, auth=auth), kind, listening=False, address=address)
 
     @property
+    def listener_kind(self) -> tuple[str, str, bool, bool]:
+        """What a long-lived listener (the admin hub, the sync service) must have been made
+        with to serve this configuration's jobs: its address, TLS and network encryption."""
+        return self.listen_host, self.bind_host, bool(self.config.get("tls")), self.clear_frames
+
+    @property
     def clear_frames(self) -> bool:
         """Whether network frames go authenticated but unencrypted (``network_encryption=False``)."""
         return not self.config.get("network_encryption")

@@ -39,7 +39,7 @@ _greeted: PerProcess[str, rpc.Client] = PerProcess()  # clients that sent HELLO,
 
 def _where() -> tuple[Any, ...]:
     rt = get_runtime()
-    return (current_pid(), rt.listen_host, rt.bind_host, bool(rt.config.get("tls")))
+    return (current_pid(), *rt.listener_kind)
 
 
 def service() -> SyncService:
