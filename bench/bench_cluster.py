@@ -4,7 +4,7 @@ cluster, each figure beside its floor in the same run.
     python bench/bench_cluster.py                        # every section (about 15 minutes)
     python bench/bench_cluster.py --quick                # fewer rounds and generations (about 5)
     python bench/bench_cluster.py msg es                 # chosen sections only
-    python bench/bench_cluster.py --report docs/perf/bench_cluster   # also STEM.md and STEM.png
+    python bench/bench_cluster.py --report docs/perf/bench_cluster   # also STEM.md, .json and .png
 
 The cluster is the test suite's (``fiber_docker.cluster``): N hosts (4; ``--hosts``) as
 containers on a bridge network of their own, each with its own network namespace,
@@ -42,6 +42,7 @@ test: nothing asserts.
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing
 import os
 import socket
@@ -446,16 +447,19 @@ def plot(path: str) -> None:
              if "ratio_to_one_machine" in values and "ratio_to_floor" not in values]
     if not bars:
         return
-    fig, ax = plt.subplots(figsize=(9, 0.45 * len(bars) + 1.2))
+    fig, ax = plt.subplots(figsize=(11, 0.45 * len(bars) + 1.6))
     names, ratios = zip(*bars, strict=True)
     colors = ["tab:green" if r <= 1.5 else "tab:orange" if r <= 3 else "tab:red" for r in ratios]
     ax.barh(range(len(bars)), ratios, color=colors)
+    ax.set_xscale("log")
+    for i, r in enumerate(ratios):
+        ax.text(r * 1.05, i, f"{r:.2g}x", va="center", fontsize=8)
     ax.set_yticks(range(len(bars)), names, fontsize=8)
     ax.axvline(1.0, color="black", linewidth=0.8)
     ax.axvline(1.5, color="grey", linestyle="--", linewidth=0.8)
     ax.invert_yaxis()
-    ax.set_xlabel("cost across hosts / its floor (raw TCP between the same namespaces), or / one machine")
-    ax.set_title("fibercore between hosts of the test cluster: lower is better, 1 = the floor")
+    ax.set_xlabel("cost across hosts / its floor (raw TCP, same namespaces) or / one machine (log scale)")
+    ax.set_title("fibercore between hosts of the test cluster (lower is better; 1 = the floor)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -468,7 +472,12 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--sb3", action="store_true", help="also the sb3 section (the hosts' image gets torch)")
     parser.add_argument("--report", metavar="STEM", help="write STEM.md (table) and STEM.png (plot)")
+    parser.add_argument("--replot", metavar="STEM", help="only draw STEM.png again from STEM.json")
     args = parser.parse_args()
+    if args.replot:
+        ROWS.extend(tuple(row) for row in json.loads(Path(args.replot + ".json").read_text()))
+        plot(args.replot + ".png")
+        return 0
     if args.report:
         args.report = os.path.abspath(args.report)  # before the chdir below
     os.chdir(BENCH)  # jobs run in the master's directory: this one, mounted on every host
@@ -501,6 +510,7 @@ def main() -> int:
         Path(args.report + ".md").write_text(
             f"bench_cluster, {time.strftime('%Y-%m-%d')}, {len(setup.cluster.hosts)} hosts (containers on one "
             f"bridge) sharing {os.cpu_count()} CPUs, rounds {rounds}{' (--quick)' if args.quick else ''}\n{text}\n")
+        Path(args.report + ".json").write_text(json.dumps(ROWS, indent=1))
         plot(args.report + ".png")
     return 0
 
