@@ -25,7 +25,8 @@ def _recv_exactly(conn: socket.socket, n: int, into: bytearray | None = None) ->
 def raw_server(ready: Any) -> None:
     """The floor: a plain TCP server in Python (no framing beyond a length, no
     authentication, no encryption). Messages: ``e`` + n: echo n bytes; ``b`` + n: take n
-    bytes, answer one byte; ``q``: stop. Its port goes to ``ready``."""
+    bytes, answer one byte; ``n`` + k: take k messages (``m`` + length, then the bytes) one
+    by one, answer one byte; ``q``: stop. Its port goes to ``ready``."""
     with socket.create_server(("0.0.0.0", 0)) as server:
         ready.put(server.getsockname()[1])
         conn, _ = server.accept()
@@ -36,6 +37,12 @@ def raw_server(ready: Any) -> None:
                 kind, n = _HEAD.unpack(_recv_exactly(conn, _HEAD.size))
                 if kind == b"e":
                     conn.sendall(_recv_exactly(conn, n))
+                elif kind == b"n":
+                    reader = conn.makefile("rb", buffering=1 << 16)
+                    for _ in range(n):
+                        _kind, length = _HEAD.unpack(reader.read(_HEAD.size))
+                        reader.read(length)
+                    conn.sendall(b"k")
                 elif kind == b"b":
                     while n:
                         step = min(n, len(sink))

@@ -65,6 +65,7 @@ class Launch:
         self.peer: Hashable | None = None
         self.remote_pid: int | None = None
         self.remote_host: str | None = None
+        self.remote_machine = ""  # its machine identity, when its worker said it (PONG-capable)
         self.reported_exit: int | None = None
         self.watched = False  # on another machine and answers PING: may be declared lost
         self.last_heard = 0.0  # monotonic time of its last message
@@ -161,6 +162,7 @@ class AdminHub:
             # process dies closes its connections at once, and one that is merely busy is alive.
             answer = bytes(parts[3]) if len(parts) > 3 else b""
             machine = answer[len(ANSWERS_PING) + 1:].decode(errors="replace")
+            launch.remote_machine = machine
             launch.last_heard = time.monotonic()  # after PREP went: its size is not silence
             launch.watched = (answer.startswith(ANSWERS_PING) and not getattr(peer, "private", False)
                               and machine != machine_identity())
@@ -202,7 +204,7 @@ class AdminHub:
         if launch.remote_host is not None and launch.remote_pid is not None:
             from fibercore import liveness
 
-            liveness.declare_lost(launch.remote_host, launch.remote_pid)
+            liveness.declare_lost(launch.remote_host, launch.remote_pid, launch.remote_machine)
 
     def close(self) -> None:
         self.channel.close()

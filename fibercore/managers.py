@@ -712,12 +712,14 @@ class BaseManager:
             lifetime.MANAGER)
         registry.track_manager(self)
 
-    def _server_lost(self, host: str, pid: int) -> None:
+    def _server_lost(self, host: str, pid: int, machine: str) -> None:
         """The server's job was declared lost (silent past ``heartbeat_timeout``): this
         process's calls to it raise now instead of waiting on the network."""
         popen = getattr(self._process, "_popen", None)
-        if popen is None or getattr(popen, "where", None) != (host, pid) or self._address is None:
+        where = getattr(popen, "where", None)
+        if where is None or not liveness.same_job(where, host, pid, machine) or self._address is None:
             return
+        self._state = "lost"
         rpc_close_to(self._address, ProcessError(
             f"the manager's server on {host} (pid {pid}) was declared lost: silent past heartbeat_timeout "
             "(its host partitioned, frozen or gone); start a new manager"))
@@ -758,7 +760,7 @@ class BaseManager:
 
     def shutdown(self) -> None:
         """Stop the server (and its job) if this manager started it."""
-        if self._state == "started" and self._address is not None:
+        if self._state in ("started", "lost") and self._address is not None:
             self._finalizer.cancel()
             _stop_server(self._process, self._address, self._authkey, self._shutdown_timeout)
         self._state = "shutdown"

@@ -196,12 +196,13 @@ class JobPopen:
             self._hub.forget(self._launch)
 
     @property
-    def where(self) -> tuple[str, int] | None:
-        """(host name, pid) of the job's worker as it introduced itself; None before it connected."""
+    def where(self) -> tuple[str, int, str] | None:
+        """(host name, pid, machine identity or "") of the job's worker as it introduced
+        itself; None before it connected."""
         launch = self._launch
         if launch.remote_host is None or launch.remote_pid is None:
             return None
-        return launch.remote_host, launch.remote_pid
+        return launch.remote_host, launch.remote_pid, launch.remote_machine
 
     @property
     def lost(self) -> str | None:

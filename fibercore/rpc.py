@@ -201,11 +201,18 @@ FOLLOWER_STEP = 0.005
 _clients: lifetime.PerProcess[tuple[str, bytes | None], Client] = lifetime.PerProcess()  # by (address, authkey)
 
 
+#: Servers this process was told are lost (their job declared lost), with why: never dialled again.
+_lost: dict[str, str] = {}
+
+
 def client(address: str, key: bytes | None, what: str | None = None, service: str = "manager") -> Client:
     """This process's connection to the ``service`` server at ``address`` (made on first use)."""
     found = _clients.peek((address, key))  # every call asks: no closure made on that path
-    return found if found is not None else _clients.get((address, key),
-                                                        lambda: Client(address, key, what, service))
+    if found is not None:
+        return found
+    if address in _lost:
+        raise ProcessError(_lost[address])
+    return _clients.get((address, key), lambda: Client(address, key, what, service))
 
 
 def forget(found: Client) -> None:
@@ -215,7 +222,8 @@ def forget(found: Client) -> None:
 
 def close_to(address: str, exc: BaseException) -> None:
     """Close this process's connections to the server at ``address`` (it was declared lost):
-    waiting calls raise ``exc``, later ones say it is gone."""
+    waiting calls raise ``exc``, later ones (new proxies too) say it is gone, never dial it."""
+    _lost[address] = str(exc)
     for found in _clients.here():
         if found.address == address and not found.closed:
             found.close(exc)

@@ -64,6 +64,9 @@ ALIGN = 64
 CHUNK = 8 << 20
 #: Seconds a process waits for another one on its machine that is copying the same object.
 COPY_WAIT = 120.0
+#: Seconds between looks whether an incomplete copy still has a process making it (one that
+#: was killed leaves a file no one will finish: it is removed).
+STALE_AFTER = 2.0
 
 
 def _align(n: int) -> int:
@@ -370,6 +373,7 @@ class Shared(Handle):
     def _wait_for_copy(self, name: str) -> mmap.mmap | None:
         deadline = time.monotonic() + COPY_WAIT
         path = shm.segment_path(name)
+        look_again = time.monotonic() + STALE_AFTER
         while time.monotonic() < deadline:
             fd = _open_checked(name, self._tag, self._size)
             if fd is False:
@@ -381,6 +385,11 @@ class Shared(Handle):
                     os.close(fd)
             if not os.path.exists(path):
                 return None
+            if time.monotonic() > look_again:  # still incomplete: is anyone making it?
+                look_again = time.monotonic() + STALE_AFTER
+                if path not in shm.in_use_by_me():  # its maker died (with its resource tracker)
+                    shm.remove_segment(name)
+                    return None
             time.sleep(0.01)
         return None
 

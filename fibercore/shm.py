@@ -134,7 +134,7 @@ def maker(name: str) -> tuple[int, str] | None:
     return int(fields[0]), fields[1]
 
 
-def _in_use_by_me() -> set[str]:
+def in_use_by_me() -> set[str]:
     """Paths under ``/dev/shm`` that a process of this user holds open or mapped."""
     me = os.geteuid()
     used: set[str] = set()
@@ -192,7 +192,7 @@ def sweep() -> list[str]:
         if remove_segment(name):
             removed.append(name)
     if copies:
-        used = _in_use_by_me()
+        used = in_use_by_me()
         for name in copies:
             if os.path.join(SHM_DIR, name) not in used and remove_segment(name):
                 removed.append(name)
@@ -200,4 +200,4 @@ def sweep() -> list[str]:
 
 
 __all__ = ["COPY_PREFIX", "PREFIX", "SHM_DIR", "create_segment", "identity", "maker", "new_name", "not_ours",
-           "open_segment", "remove_segment", "segment_path", "sweep"]
+           "in_use_by_me", "open_segment", "remove_segment", "segment_path", "sweep"]

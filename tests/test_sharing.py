@@ -226,3 +226,25 @@ def test_a_large_main_global_read_by_tasks_is_one_shared_copy(tmp_path):
     assert all(kib * 1024 < 48 * MB for _, kib in got), got  # a copy: 64 MB more than a worker's ~22
     assert segments == 1
     assert again[0] == 2.0
+
+
+def test_a_copy_left_half_made_by_a_killed_process_is_not_waited_for():
+    """A process of this machine that was copying a shared object from another machine died
+    (SIGKILL with its resource tracker) and left the copy empty: the next reader does not wait
+    COPY_WAIT for it; it finds no process holding it, removes it, and reads its own copy."""
+    import time
+
+    from fibercore import sharing, shm
+
+    table = mp.shared(list(range(1000)))
+    table._machine = "elsewhere"  # as a reader on another machine sees it
+    stale = shm.segment_path(f"{shm.COPY_PREFIX}{table._tag.hex()}")
+    os.close(os.open(stale, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))  # created, never sized
+    try:
+        t0 = time.monotonic()
+        assert table.value == list(range(1000))
+        assert time.monotonic() - t0 < sharing.COPY_WAIT / 4
+        assert not os.path.exists(stale)
+    finally:
+        if os.path.exists(stale):
+            os.unlink(stale)

@@ -121,8 +121,13 @@ class HostBoard:
         if got is not None:
             return got
         with self.locks[slot]:
-            if not _lock_range(self.fd, base, ref.slot_size):
-                return fetch(ref.version)  # the machine's fetcher is stuck: this worker's own copy
+            try:
+                locked = _lock_range(self.fd, base, ref.slot_size)
+            except OSError as exc:  # ENOLCK...: this worker's own copy
+                log.info("parameter server: no lock on the host board (%s)", exc)
+                locked = False
+            if not locked:
+                return fetch(ref.version)  # (also when the machine's fetcher is stuck)
             try:
                 got = self._copy_out(ref, base)
                 if got is not None:
@@ -154,21 +159,42 @@ def _lock_range(fd: int, start: int, length: int) -> bool:
 
 _boards: dict[str, HostBoard | None] = {}
 _boards_lock = threading.Lock()
+#: Boards that could not be had for a moment (being made, no room), by name: when to try again.
+_retry: dict[str, float] = {}
+RETRY_AFTER = 5.0
 
 
 def _board(ref: HostRef) -> HostBoard | None:
     """This machine's host board for ``ref`` (made here if no process of the machine made it
-    yet); None when it cannot be used (the worker then fetches over its connection)."""
+    yet); None when it cannot be used (the worker then fetches over its connection): for
+    good when the file there is not ours, for :data:`RETRY_AFTER` seconds otherwise."""
     name = ref.name
     with _boards_lock:
         if name in _boards:
             return _boards[name]
-        board = _open_or_make(name, ref.tag, ref.size)
-        _boards[name] = board
+        if time.monotonic() < _retry.get(name, 0.0):
+            return None
+        board, final = _open_or_make(name, ref.tag, ref.size)
+        if board is not None or final:
+            _boards[name] = board
+            _retry.pop(name, None)
+        else:
+            _retry[name] = time.monotonic() + RETRY_AFTER
         return board
 
 
-def _open_or_make(name: str, tag: bytes, size: int) -> HostBoard | None:
+def _map(fd: int, size: int) -> HostBoard | None:
+    """A board on ``fd`` (closed if it cannot be mapped)."""
+    try:
+        return HostBoard(fd, mmap.mmap(fd, size))
+    except OSError as exc:
+        os.close(fd)
+        log.info("parameter server: the host board cannot be mapped (%s)", exc)
+        return None
+
+
+def _open_or_make(name: str, tag: bytes, size: int) -> tuple[HostBoard | None, bool]:
+    """(the board or None, whether that answer is final: a file there that is not ours)."""
     deadline = time.monotonic() + 10.0
     while True:
         try:
@@ -176,19 +202,18 @@ def _open_or_make(name: str, tag: bytes, size: int) -> HostBoard | None:
         except FileExistsError:
             found, why = shm.open_segment(name, tag, size, writable=True)
             if found is not None:
-                return HostBoard(found, mmap.mmap(found, size))
-            if why == "tag" and time.monotonic() < deadline:  # its maker is writing the tag: a moment
-                time.sleep(0.005)
-                continue
+                return _map(found, size), False
             if why not in ("missing", "tag"):
                 log.warning("%s/%s is not this machine's parameter board (%s): not used", shm.SHM_DIR, name, why)
-                return None
-            if why == "missing" and time.monotonic() < deadline:  # removed meanwhile: make it
-                continue
-            return None
+                return None, True
+            if time.monotonic() >= deadline:  # still being made (or left half-made): later
+                return None, False
+            if why == "tag":  # its maker is sizing it or writing the tag: a moment
+                time.sleep(0.005)
+            continue  # "missing": removed meanwhile, make it
         except OSError as exc:  # no /dev/shm here
             log.info("parameter server: no host board (%s); each worker fetches its own", exc)
-            return None
+            return None, False
         made = shm.identity(fd)
         try:
             _track(name)
@@ -199,9 +224,27 @@ def _open_or_make(name: str, tag: bytes, size: int) -> HostBoard | None:
             _unlink(name, made)
             os.close(fd)
             log.info("parameter server: no host board (%s); each worker fetches its own", exc)
-            return None
+            return None, False
         mm[:_TAG] = tag  # last: the board is ready for the others
-        return HostBoard(fd, mm)
+        return HostBoard(fd, mm), False
+
+
+def _forked() -> None:
+    """In a forked child: no lock held by a thread of the parent, no board of its (the child
+    opens its own; record locks are not inherited anyway)."""
+    global _boards_lock
+    _boards_lock = threading.Lock()
+    for board in _boards.values():
+        if board is not None:
+            try:
+                os.close(board.fd)
+            except OSError:
+                pass
+    _boards.clear()
+    _retry.clear()
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 __all__ = ["HostBoard", "HostRef", "layout_of"]

@@ -123,9 +123,12 @@ class ParamState(State):
         self.share_from = share_from
         self.board: Board | None = None
         self._board_failed = False
-        #: Workers on other machines: the last versions, each fetched once per machine (relay).
+        #: Workers on other machines: the versions handed out through their machines' relay
+        #: boards (the last SLOTS), each fetched once per machine; the layout of the first
+        #: (a later one of another layout goes through the connection).
         self.relay_tag = os.urandom(16)
         self.kept: deque[tuple[int, Params]] = deque(maxlen=SLOTS)
+        self.relay_layout: tuple[Any, int] | None = None
         self.staleness = staleness
         self.aggregate = aggregate
         self.apply = apply
@@ -148,7 +151,6 @@ class ParamState(State):
         self.watchers: list[tuple[Waiter, int]] = []  # params(newer_than=...) calls
         self.stats: Counter[str] = Counter()
         self.history: deque[tuple[Any, ...]] = deque(maxlen=HISTORY)
-        self.kept.append((self.version, self.params))
         self._arm_round()
 
     # -- membership ----------------------------------------------------------------------------
@@ -232,9 +234,15 @@ class ParamState(State):
         if not self.share_from or sum(v.nbytes for v in self.params.values()) < self.share_from:
             return self._sent(self.params)
         if m.machine != here():
-            layout, slot_size = layout_of(self.params)
+            layout = layout_of(self.params)
+            if self.relay_layout is None:
+                self.relay_layout = layout
+            elif layout != self.relay_layout:  # an apply changed a shape or dtype: no board for that
+                return self._sent(self.params)
+            if not self.kept or self.kept[-1][0] != self.version:
+                self.kept.append((self.version, self.params))
             self.stats["relay_pulls"] += 1
-            return HostRef(self.relay_tag, self.version, layout, slot_size)
+            return HostRef(self.relay_tag, self.version, layout[0], layout[1])
         if self._board_failed:
             return self._sent(self.params)
         if self.board is None:
@@ -328,7 +336,6 @@ class ParamState(State):
     def _update(self, gradients: list[Params]) -> None:
         self.params = dict(self.apply(self.params, self.aggregate(gradients)))
         self.version += 1
-        self.kept.append((self.version, self.params))
         self.stats["applied"] += len(gradients)
         self.history.append(("version", self.version, len(gradients), self.now()))
 

@@ -97,7 +97,7 @@ class SyncService:
         self.ids = itertools.count(1)
         self.parked: dict[tuple[Hashable, int], Waiter] = {}  # (peer, request) -> waiter
         self.names: dict[Hashable, str] = {}  # peer -> "Process-3 (pid 41 on node-7)"
-        self.origins: dict[Hashable, tuple[str, int]] = {}  # peer -> (host, pid) it introduced itself with
+        self.origins: dict[Hashable, tuple[str, int, str]] = {}  # peer -> (host, pid, machine) it said
         self.leaving: set[Hashable] = set()  # peers that said BYE
         self._outbox: list[tuple[Hashable, int, int, Any]] = []
         # Peers whose answers wait for room, each with a sending thread of its own.
@@ -113,11 +113,11 @@ class SyncService:
         liveness.on_lost(self._job_lost)
         threading.Thread(target=self._serve, name="fiber-sync", daemon=True).start()
 
-    def _job_lost(self, host: str, pid: int) -> None:
+    def _job_lost(self, host: str, pid: int, machine: str) -> None:
         """A job was declared lost: drop its connections now, as if it had died (its parked
         calls end, its locks go, a ParameterServer round stops waiting for it)."""
         with self.lock:
-            peers = [peer for peer, origin in self.origins.items() if origin == (host, pid)]
+            peers = [peer for peer, origin in self.origins.items() if liveness.same_job(origin, host, pid, machine)]
         for peer in peers:
             self.channel.drop(peer)
 
@@ -284,7 +284,7 @@ class SyncService:
             info = self.serializer.loads(parts[1:])
             self.names[peer] = f"{info.get('name', '?')} (pid {info.get('pid', '?')} on {info.get('host', '?')})"
             try:
-                self.origins[peer] = (str(info["host"]), int(info["pid"]))
+                self.origins[peer] = (str(info["host"]), int(info["pid"]), str(info.get("machine") or ""))
             except (KeyError, TypeError, ValueError):
                 pass
         elif op == BYE:
@@ -338,8 +338,10 @@ class SyncService:
 def describe_here() -> dict[str, Any]:
     """What a client tells a service about its process (HELLO), to name it if it dies."""
     from fibercore.process import current_process
+    from fibercore.util import machine_identity
 
-    return {"name": current_process().name, "pid": os.getpid(), "host": socket.gethostname()}
+    return {"name": current_process().name, "pid": os.getpid(), "host": socket.gethostname(),
+            "machine": machine_identity()}
 
 
 def _unset(kind: int, value: Any) -> None:  # pragma: no cover - replaced before any answer

@@ -112,21 +112,22 @@ def down(state: Path) -> None:
 
 
 def _stop(pid_file: Path) -> None:
-    """SIGTERM to the PID in ``pid_file``; wait up to 10 s for it to go."""
+    """SIGTERM to the PID in ``pid_file``; SIGKILL if it is still there 10 s later."""
     try:
         pid = int(pid_file.read_text().strip())
     except (OSError, ValueError):
         return
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    for _ in range(100):
+    for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
-            os.kill(pid, 0)
+            os.kill(pid, sig)
         except ProcessLookupError:
             return
-        time.sleep(0.1)
+        for _ in range(100):
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.1)
 
 
 # -- a multi-node Slurm on the test cluster ----------------------------------------------------

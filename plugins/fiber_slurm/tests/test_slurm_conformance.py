@@ -46,7 +46,7 @@ class TestSlurmOnTheCluster(BackendConformance):
         """scancel with SIGKILL, as an administrator or a preemption would."""
         subprocess.run(["scancel", "--signal=KILL", "--full", process.job.jid], check=True)
 
-    def test_jobs_run_on_every_node(self, backend_config: dict[str, Any]) -> None:
+    def test_jobs_run_on_more_than_one_node(self, backend_config: dict[str, Any]) -> None:
         """Twelve one-CPU jobs on 8-CPU nodes: Slurm places them on more than one node."""
         from fibercore.testing.targets import where_am_i
 

@@ -78,10 +78,11 @@ def on_cluster(ssh_cluster: Any, ssh_keys: dict[str, Any]) -> Iterator[Any]:
             heartbeat_interval=BEAT, heartbeat_timeout=BOUND,
             listen_host=ssh_cluster.gateway)  # this machine's address on the cluster's network
     yield ssh_cluster
+    for host in ssh_cluster.hosts:  # every test leaves a clean cluster: no fault first (a kill reaches)...
+        ssh_cluster.heal(host)
     for p in fc.active_children():
         p.kill()
         p.join(30)
     fc.init()
-    for host in ssh_cluster.hosts:  # every test leaves a clean cluster: no fault, no job
-        ssh_cluster.heal(host)
+    for host in ssh_cluster.hosts:  # ... then no job
         wait_for(lambda h=host: not worker_pids(ssh_cluster, h), 60, f"jobs left on {host.name}")

@@ -191,13 +191,19 @@ def start_cluster(client: Any, worker_image: str, n: int, client_dir: Path, clie
 
     image = sshd_image(client, worker_image)
     states = {i: Path(tempfile.mkdtemp(prefix=f"fibercore-cluster-host{i}-")) for i in range(1, n + 1)}
-    keys = {i: container_state(state, client_public) for i, state in states.items()}
-    shared = {str(client_dir): {"bind": str(client_dir), "mode": "ro"},
-              **{path: {"bind": path, "mode": "ro"} for path in mounts}}
-    cluster = Cluster(image, n, command=CONTAINER_SSHD, client=client,
-                      volumes=lambda i: {str(states[i]): {"bind": "/fiber-ssh", "mode": "ro"}, **shared},
-                      ready=lambda host: answers_ssh(host.address))
+
+    def remove_states() -> None:
+        for state in states.values():
+            shutil.rmtree(state, ignore_errors=True)
+
+    cluster = None
     try:
+        keys = {i: container_state(state, client_public) for i, state in states.items()}
+        shared = {str(client_dir): {"bind": str(client_dir), "mode": "ro"},
+                  **{path: {"bind": path, "mode": "ro"} for path in mounts}}
+        cluster = Cluster(image, n, command=CONTAINER_SSHD, client=client,
+                          volumes=lambda i: {str(states[i]): {"bind": "/fiber-ssh", "mode": "ro"}, **shared},
+                          ready=lambda host: answers_ssh(host.address))
         with open(known_hosts, "a") as fh:
             for i, host in enumerate(cluster.hosts, 1):
                 fh.write(f"{host.address} {keys[i]}\n")
@@ -205,14 +211,15 @@ def start_cluster(client: Any, worker_image: str, n: int, client_dir: Path, clie
         cluster.hostfile.write_text("".join(f"{h.address} slots={slots} python=/opt/fiber/bin/python\n"
                                             for h in cluster.hosts))
     except BaseException:
-        cluster.remove()
+        if cluster is not None:
+            cluster.remove()
+        remove_states()
         raise
     remove = cluster.remove
 
     def remove_all() -> None:
         remove()
-        for state in states.values():
-            shutil.rmtree(state, ignore_errors=True)
+        remove_states()
 
     cluster.remove = remove_all
     return cluster

@@ -37,6 +37,8 @@ def test_a_shared_table_crosses_to_each_host_once(on_cluster: Any) -> None:
           f"the master sent {stats['bytes_served'] / 1e6:.0f} MB in {stats['reads']} reads "
           f"({stats['bytes_served'] / size:.2f} x the table)")
     assert len(machines) == len(cluster.hosts), machines
+    per_host = {m: sum(1 for r in readers if r[0] == m) for m in machines}
+    assert min(per_host.values()) >= 2, per_host  # several readers on each host, one copy there
     # Once per host: the first reader there copies it into the host's /dev/shm, the others map it.
     assert len(machines) * (size - 16) <= stats["bytes_served"] <= len(machines) * size, stats
 
