@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import os
 import queue
 import time
 
@@ -499,3 +500,36 @@ def test_a_reader_that_reads_nothing_holds_up_no_other_and_its_items_come_back(m
         assert sorted(got) == sorted(items)  # the silent reader's items came back, once each
     finally:
         silent.channel.close()
+
+
+def test_a_reader_declared_lost_gives_back_what_it_was_lent_at_once():
+    """A reader whose job is declared lost (its host silent past heartbeat_timeout; here it is
+    frozen with SIGSTOP and declared lost by hand) holds items lent to it that it never took:
+    they come back at once, not after a RECALL it will never answer (30 s)."""
+    import signal
+    import socket
+
+    from fibercore import liveness
+    from fibercore.testing.targets import queue_echo
+
+    inbox, outbox = mp.Queue(), mp.Queue()
+    p = mp.Process(target=queue_echo, args=(inbox, outbox))
+    p.start()
+    try:
+        inbox.put(1)
+        assert outbox.get(timeout=60) == 1
+        deadline = time.monotonic() + 30
+        while inbox.qsize():  # item 1 acknowledged
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        os.kill(p.pid, signal.SIGSTOP)
+        for i in range(2, 6):
+            inbox.put(i)  # lent to the frozen reader's standing GET
+        liveness.declare_lost(socket.gethostname(), p.pid)
+        t0 = time.monotonic()
+        got = sorted(inbox.get(timeout=20) for _ in range(4))
+        assert got == [2, 3, 4, 5]
+        assert time.monotonic() - t0 < 15  # not the 30 s of a RECALL never answered
+    finally:
+        p.kill()
+        p.join(30)

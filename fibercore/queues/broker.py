@@ -22,6 +22,7 @@ from collections import deque
 from collections.abc import Hashable
 from typing import Any
 
+from fibercore import liveness
 from fibercore.errors import TransportClosed, TransportTimeout
 from fibercore.observe import registry
 from fibercore.queues.protocol import (
@@ -35,6 +36,7 @@ from fibercore.queues.protocol import (
     EMPTY,
     GET,
     GRANT_BYTES,
+    INTRO,
     ITEM,
     JOIN,
     JOINED,
@@ -53,6 +55,7 @@ from fibercore.queues.protocol import (
     Full,
     item_bytes,
     items_bytes,
+    read_intro,
     read_u64,
     u64,
 )
@@ -124,6 +127,8 @@ class Broker:
         self.channel = rt.listen("router", service="queue")
         self.address = self.channel.address
         self.channel.on_peer_event(self._peer_event)
+        self.origins: dict[Hashable, tuple[str, int, str]] = {}  # peer -> (host, pid, machine): INTRO
+        liveness.on_lost(self._job_lost)
         # Readers whose replies wait for room, each with a sending thread of its own.
         self.slow = Outboxes(self.channel, f"queue {qid[:8]}", max(self.budget, OUTBOX_BYTES), self._slow_reader,
                              sizer=_replies_bytes)
@@ -375,10 +380,19 @@ class Broker:
         with self.cv:
             self.peers += 1 if added else -1
             if not added:
+                self.origins.pop(peer, None)
                 # Frames the peer sent before leaving may still be queued in the
                 # transport: settle its leases a little later, in the receive thread.
                 self.departed.append((peer, time.monotonic()))
                 self._rouse()
+
+    def _job_lost(self, host: str, pid: int, machine: str) -> None:
+        """A job was declared lost (silent past heartbeat_timeout): drop its connections now,
+        so what it was lent comes back at once (not after a RECALL it will never answer)."""
+        with self.cv:
+            peers = [peer for peer, origin in self.origins.items() if liveness.same_job(origin, host, pid, machine)]
+        for peer in peers:
+            self.channel.drop(peer)
 
     def _rouse(self) -> None:
         """The receiving thread has something to do (cv held): a departure to settle, or the
@@ -514,6 +528,10 @@ class Broker:
     def _handle(self, op: int, parts: list[Any], peer: Hashable) -> None:
         if op == PUT:
             self._append(parts)
+        elif op == INTRO:
+            origin = read_intro(parts[0]) if parts else None
+            if origin is not None:
+                self.origins[peer] = origin
         elif op == GET:
             reader = self.readers.get(peer)
             if reader is None:

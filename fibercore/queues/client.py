@@ -24,6 +24,7 @@ from fibercore.queues.protocol import (
     DONE,
     EMPTY,
     GET,
+    INTRO,
     ITEM,
     JOIN,
     JOINED,
@@ -39,6 +40,7 @@ from fibercore.queues.protocol import (
     TASKDONE,
     Empty,
     Full,
+    intro,
     read_u64,
     u64,
 )
@@ -61,6 +63,7 @@ class Client:
     def __init__(self, address: str, qid: str) -> None:
         rt = get_runtime()
         self.channel = rt.dial("router", address, service="queue")
+        self.channel.send([(INTRO, [intro()])])  # who this is, should its job be declared lost
         self.sender = Sender(self.channel, name=f"fiber-queue-{qid[:8]}-feed")
         lock = threading.Lock()
         self.cv = threading.Condition(lock)  # threads waiting for the broker

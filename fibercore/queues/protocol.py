@@ -15,6 +15,7 @@ the pool's and the managers' protocols. Requests that expect a reply start with 
     COUNTED req consumed                      COUNT req (what have you consumed?)
     TASKDONE n
     JOIN req                                  JOINED req
+    INTRO host\0pid\0machine (once, first)
 
 ``consumed`` is how many lent items the client has taken so far: it acknowledges them.
 A COUNT is sent by the broker to each reader holding lent items when the queue's creator
@@ -42,7 +43,28 @@ from typing import Any
 from fibercore.wire.frames import nbytes
 
 (PUT, PUTSYNC, PUTACK, CANCEL, CANCELLED, GET, ITEM, EMPTY, RECALL, RETURN, SIZE, SIZEIS,
- TASKDONE, JOIN, JOINED, ACK, DONE, COUNT, COUNTED) = range(1, 20)
+ TASKDONE, JOIN, JOINED, ACK, DONE, COUNT, COUNTED, INTRO) = range(1, 21)
+
+
+def intro() -> bytes:
+    """What a client says of its process when it connects (INTRO): host, pid and machine
+    identity, so that a job declared lost (:mod:`fibercore.liveness`) has its leases taken
+    back at once."""
+    import os
+    import socket
+
+    from fibercore.util import machine_identity
+
+    return f"{socket.gethostname()}\0{os.getpid()}\0{machine_identity()}".encode()
+
+
+def read_intro(part: Any) -> tuple[str, int, str] | None:
+    """(host, pid, machine) from an INTRO's part; None when malformed."""
+    try:
+        host, pid, machine = bytes(part).decode().split("\0")
+        return host, int(pid), machine
+    except (UnicodeDecodeError, ValueError):
+        return None
 
 #: Most items, and bytes (at least one item), a reader is lent per request. A grant is one
 #: frame: 1 MiB ones measured 1.5-1.9x the rate of 4 MiB ones for 10-1,000 KB items (a frame
