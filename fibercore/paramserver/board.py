@@ -61,6 +61,37 @@ def fits(params: dict[str, np.ndarray], layout: Layout) -> bool:
         for name, dtype, shape, _ in layout)
 
 
+def write_slot(mm: Any, base: int, slot_size: int, layout: Layout, params: dict[str, np.ndarray],
+               stored: int) -> None:
+    """Write ``params`` into the slot at ``base`` as the seqlock says: the sequence odd while
+    writing (one a writer that died left odd is taken as even), even again with ``stored``."""
+    seq = _SEQ.unpack_from(mm, base)[0]
+    seq += seq % 2
+    _SEQ.pack_into(mm, base, seq + 1, stored)  # odd: being written
+    view = np.frombuffer(mm, dtype=np.uint8, count=slot_size, offset=base)
+    for name, _dtype, _shape, offset in layout:
+        value = np.ascontiguousarray(params[name])
+        view[offset:offset + value.nbytes] = value.view(np.uint8).reshape(-1)
+    _SEQ.pack_into(mm, base, seq + 2, stored)  # even: complete
+
+
+def read_slot(mm: Any, base: int, slot_size: int, layout: Layout, stored: int) -> dict[str, np.ndarray] | None:
+    """The arrays of the slot at ``base``, copied out, when it holds ``stored`` complete and was
+    not written again while copying; None otherwise."""
+    seq, found = _SEQ.unpack_from(mm, base)
+    if seq % 2 or found != stored:
+        return None
+    view = np.frombuffer(mm, dtype=np.uint8, count=slot_size, offset=base)
+    out = {}
+    for name, dtype, shape, offset in layout:
+        dt = np.dtype(dtype)
+        count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+        out[name] = view[offset:offset + count * dt.itemsize].view(dt).reshape(shape).copy()
+    if _SEQ.unpack_from(mm, base) != (seq, found):  # written again while copying
+        return None
+    return out
+
+
 class Board:
     """The server's side: the segment, and the last version written to each slot."""
 
@@ -95,14 +126,7 @@ class Board:
         slot = version % SLOTS
         if self.written[slot] == version:
             return slot
-        base = _TAG + slot * self.slot_size
-        seq = _SEQ.unpack_from(self.mm, base)[0]
-        _SEQ.pack_into(self.mm, base, seq + 1, version)  # odd: being written
-        view = np.frombuffer(self.mm, dtype=np.uint8, count=self.slot_size, offset=base)
-        for name, _dtype, _shape, offset in self.layout:
-            value = np.ascontiguousarray(params[name])
-            view[offset:offset + value.nbytes] = value.view(np.uint8).reshape(-1)
-        _SEQ.pack_into(self.mm, base, seq + 2, version)  # even: complete
+        write_slot(self.mm, _TAG + slot * self.slot_size, self.slot_size, self.layout, params, version)
         self.written[slot] = version
         return slot
 
@@ -132,19 +156,7 @@ class BoardRef:
         mm = _mapping(self.name, self.tag, self.size)
         if mm is None:
             return None
-        base = _TAG + self.slot * self.slot_size
-        seq, version = _SEQ.unpack_from(mm, base)
-        if seq % 2 or version != self.version:
-            return None
-        view = np.frombuffer(mm, dtype=np.uint8, count=self.slot_size, offset=base)
-        out = {}
-        for name, dtype, shape, offset in self.layout:
-            dt = np.dtype(dtype)
-            count = int(np.prod(shape, dtype=np.int64)) if shape else 1
-            out[name] = view[offset:offset + count * dt.itemsize].view(dt).reshape(shape).copy()
-        if _SEQ.unpack_from(mm, base) != (seq, version):  # written again while copying
-            return None
-        return out
+        return read_slot(mm, _TAG + self.slot * self.slot_size, self.slot_size, self.layout, self.version)
 
 
 _maps: dict[tuple[str, bytes], mmap.mmap | None] = {}
@@ -176,4 +188,4 @@ def here() -> str:
     return machine_identity()
 
 
-__all__ = ["SLOTS", "Board", "BoardRef", "fits", "here", "layout_of"]
+__all__ = ["SLOTS", "Board", "BoardRef", "fits", "here", "layout_of", "read_slot", "write_slot"]

@@ -28,7 +28,6 @@ import hashlib
 import logging
 import mmap
 import os
-import struct
 import threading
 import time
 from collections.abc import Callable
@@ -38,12 +37,11 @@ import numpy as np
 
 from fibercore import shm
 from fibercore.lifetime import at_process_end
-from fibercore.paramserver.board import SLOTS, Layout, fits, layout_of
+from fibercore.paramserver.board import SLOTS, Layout, fits, layout_of, read_slot, write_slot
 from fibercore.sharing import _reserve, _track, _unlink
 
 log = logging.getLogger("fibercore.paramserver")
 
-_SEQ = struct.Struct("<QQ")  # sequence, version + 1 (0: empty)
 _TAG = 16
 #: Seconds a worker waits for another one of its machine that is fetching the same version.
 LOCK_WAIT = 120.0
@@ -90,34 +88,10 @@ class HostBoard:
         self.mm = mm
         self.locks = [threading.Lock() for _ in range(SLOTS)]  # lockf does not exclude this process's threads
 
-    def _copy_out(self, ref: HostRef, base: int) -> Params | None:
-        seq, stored = _SEQ.unpack_from(self.mm, base)
-        if seq % 2 or stored != ref.version + 1:
-            return None
-        view = np.frombuffer(self.mm, dtype=np.uint8, count=ref.slot_size, offset=base)
-        out = {}
-        for name, dtype, shape, offset in ref.layout:
-            dt = np.dtype(dtype)
-            count = int(np.prod(shape, dtype=np.int64)) if shape else 1
-            out[name] = view[offset:offset + count * dt.itemsize].view(dt).reshape(shape).copy()
-        if _SEQ.unpack_from(self.mm, base) != (seq, stored):  # written again while copying
-            return None
-        return out
-
-    def _write(self, ref: HostRef, base: int, params: Params) -> None:
-        seq = _SEQ.unpack_from(self.mm, base)[0]
-        seq += seq % 2  # a writer that died mid-write left it odd
-        _SEQ.pack_into(self.mm, base, seq + 1, ref.version + 1)
-        view = np.frombuffer(self.mm, dtype=np.uint8, count=ref.slot_size, offset=base)
-        for name, _dtype, _shape, offset in ref.layout:
-            value = np.ascontiguousarray(params[name])
-            view[offset:offset + value.nbytes] = value.view(np.uint8).reshape(-1)
-        _SEQ.pack_into(self.mm, base, seq + 2, ref.version + 1)
-
     def read_or_fetch(self, ref: HostRef, fetch: Callable[[int], Params | None]) -> Params | None:
         slot = ref.version % SLOTS
         base = _TAG + slot * ref.slot_size
-        got = self._copy_out(ref, base)
+        got = read_slot(self.mm, base, ref.slot_size, ref.layout, ref.version + 1)
         if got is not None:
             return got
         with self.locks[slot]:
@@ -129,12 +103,12 @@ class HostBoard:
             if not locked:
                 return fetch(ref.version)  # (also when the machine's fetcher is stuck)
             try:
-                got = self._copy_out(ref, base)
+                got = read_slot(self.mm, base, ref.slot_size, ref.layout, ref.version + 1)
                 if got is not None:
                     return got
                 params = fetch(ref.version)
                 if params is not None and fits(params, ref.layout):
-                    self._write(ref, base, params)
+                    write_slot(self.mm, base, ref.slot_size, ref.layout, params, ref.version + 1)
                 return params
             finally:
                 fcntl.lockf(self.fd, fcntl.LOCK_UN, ref.slot_size, base)
