@@ -65,6 +65,7 @@ sys.path.insert(0, str(CHECKOUT / "plugins" / "fiber_ssh" / "tests"))  # sshd.py
 import _cluster_tasks as C  # noqa: E402
 import _es_tasks as E  # noqa: E402
 import _rl_tasks as R  # noqa: E402
+import bench_es_scale  # noqa: E402
 import numpy as np  # noqa: E402
 
 import fibercore  # noqa: E402
@@ -315,7 +316,7 @@ def section_shared(setup: Setup, quick: bool) -> None:
 
 
 # ------------------------------------------------------------------------------ ES
-POPULATION, DIM, SIGMA, LR = 2048, 256, 0.02, 0.01
+POPULATION, DIM = bench_es_scale.POPULATION, bench_es_scale.DIM
 
 
 def es_run(n: int, table: np.ndarray, generations: int, sent: Callable[[], int] | None) -> dict[str, float]:
@@ -332,14 +333,7 @@ def es_run(n: int, table: np.ndarray, generations: int, sent: Callable[[], int] 
         times, gen_bytes = [], []
         for _ in range(generations + 1):  # the first warms up
             b0, g0 = (sent() if sent else 0), time.perf_counter()
-            offsets = rng.integers(0, table.size - DIM, size=POPULATION // 2)
-            results = pool.map(E.evaluate, [(theta, int(o), SIGMA) for o in offsets], chunksize=8)
-            pos, neg = np.array([r[0] for r in results]), np.array([r[1] for r in results])
-            weights = (pos - neg) / (np.std(np.concatenate([pos, neg])) + 1e-8)
-            step = np.zeros(DIM)
-            for w, o in zip(weights, offsets, strict=True):
-                step += w * table[o:o + DIM]
-            theta = theta + LR / (POPULATION * SIGMA) * step
+            theta = bench_es_scale.generation(pool, theta, table, rng, chunksize=8)
             times.append(time.perf_counter() - g0)
             gen_bytes.append((sent() - b0) if sent else 0)
     finally:
@@ -372,38 +366,39 @@ def section_es(setup: Setup, quick: bool) -> None:
 
 
 # ------------------------------------------------------------------------------ PPO, SB3
+def three_ways(setup: Setup, rounds: int, measure: Callable[[str], float], method: str) -> tuple[float, ...]:
+    """Medians of ``measure`` with fibercore on the hosts, on this machine, and with
+    multiprocessing's ``method`` here, interleaved over ``rounds``."""
+    got: dict[str, list[float]] = {"cluster": [], "one_machine": [], method: []}
+    for _ in range(rounds):
+        setup.on_cluster(setup.spread)
+        got["cluster"].append(measure("fiber"))
+        with local():
+            got["one_machine"].append(measure("fiber"))
+        got[method].append(measure(method))
+    return tuple(statistics.median(values) for values in got.values())
+
+
 def section_ppo(setup: Setup, rounds: int, quick: bool) -> None:
     import bench_rl
 
     steps = 300 if quick else 1000
     print("ppo: 8 CartPole simulators stepped over Pipes: on the hosts, on this machine, with mp fork", flush=True)
-    got: dict[str, list[float]] = {"cluster": [], "one_machine": [], "mp_fork": []}
-    for _ in range(rounds):
-        setup.on_cluster(setup.spread)
-        got["cluster"].append(bench_rl.ppo(fibercore, 8, steps))
-        with local():
-            got["one_machine"].append(bench_rl.ppo(fibercore, 8, steps))
-        got["mp_fork"].append(bench_rl.ppo(multiprocessing.get_context("fork"), 8, steps))
-    c, h, f = (statistics.median(got[k]) for k in ("cluster", "one_machine", "mp_fork"))
+    c, h, f = three_ways(setup, rounds, lambda m: bench_rl.ppo(
+        fibercore if m == "fiber" else multiprocessing.get_context(m), 8, steps), "fork")
     record("ppo", "PPO-style loop, 8 envs, steps/s", "steps/s", "higher", cluster=c, one_machine=h, mp_fork=f,
            ratio_to_one_machine=h / c, ratio_to_fork=f / c)
 
 
 def sb3_steps(n: int, steps: int, start_method: str) -> float:
+    import bench_rl
     import gymnasium as gym
     from stable_baselines3.common.vec_env import SubprocVecEnv
 
     envs = SubprocVecEnv([lambda: gym.make("CartPole-v1")] * n, start_method=start_method)
     try:
         envs.reset()
-        actions = np.zeros(n, dtype=np.int64)
-        for _ in range(20):
-            envs.step(actions)
-        t0 = time.perf_counter()
-        for i in range(steps):
-            actions[:] = i & 1
-            envs.step(actions)
-        return n * steps / (time.perf_counter() - t0)
+        return n * steps / bench_rl.timed_steps(envs, n, steps)
     finally:
         envs.close()
 
@@ -411,14 +406,7 @@ def sb3_steps(n: int, steps: int, start_method: str) -> float:
 def section_sb3(setup: Setup, rounds: int, quick: bool) -> None:
     steps = 300 if quick else 1000
     print("sb3: SubprocVecEnv(start_method='fiber'), 8 envs on the hosts, against forkserver here", flush=True)
-    got: dict[str, list[float]] = {"cluster": [], "one_machine": [], "mp_forkserver": []}
-    for _ in range(rounds):
-        setup.on_cluster(setup.spread)
-        got["cluster"].append(sb3_steps(8, steps, "fiber"))
-        with local():
-            got["one_machine"].append(sb3_steps(8, steps, "fiber"))
-        got["mp_forkserver"].append(sb3_steps(8, steps, "forkserver"))
-    c, h, f = (statistics.median(got[k]) for k in ("cluster", "one_machine", "mp_forkserver"))
+    c, h, f = three_ways(setup, rounds, lambda m: sb3_steps(8, steps, m), "forkserver")
     record("sb3", "SubprocVecEnv, 8 envs, env steps/s", "steps/s", "higher", cluster=c, one_machine=h,
            mp_forkserver=f, ratio_to_one_machine=h / c, ratio_to_forkserver=f / c)
 

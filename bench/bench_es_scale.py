@@ -73,6 +73,21 @@ def _cpu() -> float:
     return time.process_time()
 
 
+def generation(pool: Any, theta: np.ndarray, table: np.ndarray, rng: np.random.Generator,
+               chunksize: int) -> np.ndarray:
+    """One ES generation on ``pool``: POPULATION/2 antithetic pairs evaluated by the workers
+    (perturbations read from their table at the offsets sent), the step taken here; the new theta."""
+    offsets = rng.integers(0, table.size - DIM, size=POPULATION // 2)
+    results = pool.map(T.evaluate, [(theta, int(o), SIGMA) for o in offsets], chunksize=chunksize)
+    pos = np.array([r[0] for r in results])
+    neg = np.array([r[1] for r in results])
+    weights = (pos - neg) / (np.std(np.concatenate([pos, neg])) + 1e-8)
+    step = np.zeros(DIM)
+    for w, o in zip(weights, offsets, strict=True):
+        step += w * table[o:o + DIM]
+    return theta + LR / (POPULATION * SIGMA) * step
+
+
 def run(name: str, lib: Any, n: int, table: np.ndarray, generations: int, eval_s: float) -> dict[str, Any]:
     """One library at N workers: the ES loop, measured."""
     rng = np.random.default_rng(0)
@@ -86,15 +101,7 @@ def run(name: str, lib: Any, n: int, table: np.ndarray, generations: int, eval_s
         times, cpus = [], []
         for _ in range(generations):
             g0, c0 = time.perf_counter(), _cpu()
-            offsets = rng.integers(0, table.size - DIM, size=POPULATION // 2)
-            results = pool.map(T.evaluate, [(theta, int(o), SIGMA) for o in offsets], chunksize=1)
-            pos = np.array([r[0] for r in results])
-            neg = np.array([r[1] for r in results])
-            weights = (pos - neg) / (np.std(np.concatenate([pos, neg])) + 1e-8)
-            step = np.zeros(DIM)
-            for w, o in zip(weights, offsets, strict=True):
-                step += w * table[o:o + DIM]
-            theta = theta + LR / (POPULATION * SIGMA) * step
+            theta = generation(pool, theta, table, rng, chunksize=1)
             times.append(time.perf_counter() - g0)
             cpus.append(_cpu() - c0)
         uss = [_uss_kib(pid) for pid in pids]
