@@ -35,6 +35,7 @@ certificate, CA and server name settings as the built-in transport's.
 
 from __future__ import annotations
 
+import atexit
 import hmac
 import os
 import random
@@ -49,6 +50,7 @@ from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any
 
 import pynng
+import pynng.nng
 
 from fibercore.errors import AuthenticationError, TransportClosed, TransportError, TransportTimeout
 from fibercore.transport import MAX_HANDSHAKE_FRAME, make_room, peer_identity
@@ -202,6 +204,23 @@ def _forked_after_use() -> None:
 
 
 os.register_at_fork(after_in_child=_forked_after_use)
+
+
+def _replace_exit_hook() -> None:
+    """Take pynng's exit hook out: it calls ``nng_fini()``, which destroys nng's locks while
+    another thread of the program may still be inside nng (a job's heartbeat or sender, the
+    master's readers and its exit flush): that thread's next lock aborts the whole process
+    (``panic: pthread_mutex_lock: Invalid argument``; a job then dies of SIGABRT after its
+    work was done). The operating system frees what nng holds when the process ends; a job
+    leaves through ``os._exit`` right after its exit hooks, and the master's own exit hooks
+    close the connections that still hold data. Without the hook nothing of nng's is torn
+    down under a running call."""
+    hook = getattr(pynng.nng, "_pynng_atexit", None)
+    if hook is not None:
+        atexit.unregister(hook)
+
+
+_replace_exit_hook()
 
 
 def _check_usable() -> None:
