@@ -1,8 +1,12 @@
 """Jobs whose thread still sends over a Pipe while the job's exit hooks run (a program that
 forgets to stop its threads): each must end with exit code 0. Argument: how many jobs."""
 
-import sys, threading, time
+import sys
+import threading
+import time
+
 import fibercore as mp
+
 
 def chatter(conn):
     def spam():
@@ -11,19 +15,23 @@ def chatter(conn):
                 conn.send(b"y" * 100)
             except Exception:
                 return
+
     threading.Thread(target=spam, daemon=True).start()
     time.sleep(0.02)
 
+
 if __name__ == "__main__":
-    n = int(sys.argv[1])
     ends = []
     procs = []
-    for i in range(n):
-        a, b = mp.Pipe()
-        p = mp.Process(target=chatter, args=(b,))
-        p.start(); procs.append(p); ends.append(a)
+    for _ in range(int(sys.argv[1])):
+        here, there = mp.Pipe()
+        p = mp.Process(target=chatter, args=(there,))
+        p.start()
+        procs.append(p)
+        ends.append(here)
     codes = []
     for p in procs:
-        p.join(); codes.append(p.exitcode)
+        p.join()
+        codes.append(p.exitcode)
     print(codes)
-    sys.exit(0 if all(c == 0 for c in codes) else 1)
+    sys.exit(0 if all(code == 0 for code in codes) else 1)
