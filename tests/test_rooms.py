@@ -23,6 +23,9 @@ POOL = FIBERCORE / "pool"
 ORDER = ["shared", "dispatch", "fleet", "supervision", "scheduler", "api"]
 DATA = {"records", "protocol", "worker", "progress", "results"}
 PIPES = ["inbox", "home", "memory", "line", "network", "readiness", "connection"]
+#: The built-in transport's rooms (``fibercore/builtins/tcp/``), lowest first.
+TCP = ["spinning", "options", "addresses", "local", "tls", "connection", "reactor", "admission", "listener",
+       "dialer"]
 MUTATORS = {"pop", "popleft", "popitem", "clear", "append", "appendleft", "extend", "extendleft",
             "insert", "remove", "discard", "add", "update", "setdefault"}
 #: Records whose fields the rooms share by design (their owner is named in records.py):
@@ -64,6 +67,20 @@ def test_a_pipe_room_imports_only_rooms_below_it(room: str) -> None:
     assert not above, f"{path.relative_to(FIBERCORE.parent)} imports {sorted(above)}, not below it in {PIPES}"
 
 
+@pytest.mark.parametrize("room", TCP)
+def test_a_transport_room_imports_only_rooms_below_it(room: str) -> None:
+    path = FIBERCORE / "builtins" / "tcp" / f"{room}.py"
+    tree = ast.parse(path.read_text())
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 1:  # from .x import ... / from . import x
+            found.update([node.module] if node.module else [alias.name for alias in node.names])
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("fibercore.builtins.tcp."):
+            found.add(node.module.rsplit(".", 1)[1])
+    above = found - set(TCP[: TCP.index(room)])
+    assert not above, f"{path.relative_to(FIBERCORE.parent)} imports {sorted(above)}, not below it in {TCP}"
+
+
 def foreign_mutations(source: str) -> list[str]:
     """Each change of another object's collection, as 'line N: code'."""
     found = []
@@ -92,7 +109,8 @@ def foreign_mutations(source: str) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("room", [f"pool/{r}" for r in ORDER] + [f"pipes/{r}" for r in PIPES[:-1]] + ["connection"])
+@pytest.mark.parametrize("room", [f"pool/{r}" for r in ORDER] + [f"pipes/{r}" for r in PIPES[:-1]] + ["connection"]
+                         + [f"builtins/tcp/{r}" for r in TCP])
 def test_no_room_changes_another_rooms_collections(room: str) -> None:
     found = foreign_mutations((FIBERCORE / f"{room}.py").read_text())
     # shared.stats is the one collection every room counts into, under the pool's lock.

@@ -521,7 +521,7 @@ def test_listeners_bind_loopback_only_for_local_backend():
 def test_unix_streams_leave_out_the_mac_and_tcp_keeps_it(monkeypatch):
     """Frames on a Unix-domain connection are counted, not MACed (only the two processes can
     write into it); over TCP every frame is MACed."""
-    from fibercore.builtins import tcp_transport
+    from fibercore.builtins.tcp import local as tcp_local
     from fibercore.wire.frames import StreamOpener, StreamSealer
     from tests.helpers import connected_router
 
@@ -530,7 +530,7 @@ def test_unix_streams_leave_out_the_mac_and_tcp_keeps_it(monkeypatch):
     assert isinstance(peer.sealer, StreamSealer) and isinstance(spoke.endpoint.peer.opener, StreamOpener)
     hub.close()
     spoke.close()
-    monkeypatch.setattr(tcp_transport, "LOCAL_SOCKETS", False)
+    monkeypatch.setattr(tcp_local, "LOCAL_SOCKETS", False)
     hub, spoke, peer = connected_router(rt)
     assert type(peer.sealer).__name__ == "Sealer" and type(spoke.endpoint.peer.opener).__name__ == "Opener"
     hub.close()
@@ -540,12 +540,12 @@ def test_network_encryption_off_authenticates_frames_and_both_sides_must_agree(m
     """Row "network_encryption=False": over TCP the frames are GMACed, not encrypted (what is
     sent is on the wire as it is); a side that did not choose it cannot even connect, so no
     peer downgrades another; Unix-domain streams are unchanged."""
-    from fibercore.builtins import tcp_transport
+    from fibercore.builtins.tcp import local as tcp_local
     from fibercore.errors import AuthenticationError
     from fibercore.wire.frames import ClearOpener, ClearSealer, StreamSealer
     from tests.helpers import connected_router
 
-    monkeypatch.setattr(tcp_transport, "LOCAL_SOCKETS", False)
+    monkeypatch.setattr(tcp_local, "LOCAL_SOCKETS", False)
     rt = mp.get_runtime()
     mp.init(network_encryption=False)
     try:
@@ -559,7 +559,7 @@ def test_network_encryption_off_authenticates_frames_and_both_sides_must_agree(m
         hub.close()
     finally:
         mp.init()
-    monkeypatch.setattr(tcp_transport, "LOCAL_SOCKETS", True)
+    monkeypatch.setattr(tcp_local, "LOCAL_SOCKETS", True)
     mp.init(network_encryption=False)
     try:
         hub, spoke, peer = connected_router(mp.get_runtime())
@@ -574,12 +574,12 @@ def test_network_encryption_off_authenticates_frames_and_both_sides_must_agree(m
 def test_a_handshake_relayed_to_another_listener_fails_before_any_proof(monkeypatch):
     """A dialer that meant listener A but reached listener B (a relay joining it to B's port)
     refuses B's HELLO, which names B: it sends no proof an attacker could test keys against."""
-    from fibercore.builtins import tcp_transport
+    from fibercore.builtins.tcp import admission as tcp_admission
     from fibercore.errors import AuthenticationError
     from fibercore.runtime import split_identity
 
     reasons: list[str] = []
-    monkeypatch.setattr(tcp_transport, "reject", lambda where, peer, reason, *a, **k: reasons.append(reason))
+    monkeypatch.setattr(tcp_admission, "reject", lambda where, peer, reason, *a, **k: reasons.append(reason))
     rt = mp.get_runtime()
     a, b = rt.listen("router", service="queue"), rt.listen("router", service="queue")
     _, identity_a = split_identity(a.address)
@@ -609,7 +609,7 @@ def test_a_proof_for_one_service_is_refused_by_another():
 def test_unix_names_are_random_and_carried_in_the_address():
     """The Unix socket's name comes from the listener's random identity (no one can take it
     first), and the address says which machine it is on."""
-    from fibercore.builtins import tcp_transport
+    from fibercore.builtins.tcp import local as tcp_local
     from fibercore.runtime import split_identity
     from fibercore.util import machine_identity
 
@@ -619,7 +619,7 @@ def test_unix_names_are_random_and_carried_in_the_address():
     assert target.endswith("/" + machine_identity())
     assert identity is not None and len(identity) == 16
     bound = Path("/proc/net/unix").read_text()
-    assert "@" + tcp_transport._local_name(identity)[1:] in bound
+    assert "@" + tcp_local.local_name(identity)[1:] in bound
     host, port = tcp_target(hub.address)
     assert f"{host}:{port}" not in bound  # nothing derived from host:port any more
     hub.close()
@@ -759,14 +759,14 @@ def test_squat_and_relay_to_every_listener_kind_unpickles_nothing(local_user, se
     still in use) and relays it to each other listener of the session: the dialer sees
     another user's socket and never speaks to it; the listeners refuse the attacker's uid
     before any HELLO; over TCP the listener reached is not the one named: refused."""
-    from fibercore.builtins import tcp_transport
+    from fibercore.builtins.tcp import local as tcp_local
     from fibercore.errors import AuthenticationError
     from fibercore.util import machine_identity
 
     listeners, (q, pool, lock, shared) = session_listeners
     rt = mp.get_runtime()
     gone = os.urandom(16)
-    squatted = tcp_transport._local_name(gone)
+    squatted = tcp_local.local_name(gone)
     child = local_user.spawn(attack_squat_and_relay, squatted, 8.0)
     _wait_for_name(squatted)
     for service, (address, key) in listeners.items():
@@ -792,12 +792,12 @@ def test_squat_and_relay_to_every_listener_kind_unpickles_nothing(local_user, se
 def test_a_listener_whose_name_was_taken_draws_another(local_user, monkeypatch):
     """A name someone holds before the listener binds it (which needs the 16 random bytes in
     advance) makes the listener pick another identity: never TCP-only in silence."""
-    from fibercore.builtins import tcp_transport
+    from fibercore.builtins.tcp import local as tcp_local
     from fibercore.runtime import split_identity
     from fibercore.wire.handshake import Authenticator
 
     taken = os.urandom(16)
-    squatted = tcp_transport._local_name(taken)
+    squatted = tcp_local.local_name(taken)
     child = local_user.spawn(attack_squat_and_relay, squatted, 3.0)
     _wait_for_name(squatted)
     original = Authenticator.__init__
@@ -826,20 +826,20 @@ def test_a_listener_whose_name_was_taken_draws_another(local_user, monkeypatch):
 def test_squat_and_hang_or_silence_costs_a_dial_under_a_second(local_user, session_listeners, accept):
     """A squatter that never accepts (full backlog) or accepts and stays silent: the dial
     does not wait on it (another user's socket is refused at once, a connect is bounded)."""
-    from fibercore.builtins import tcp_transport
+    from fibercore.builtins.tcp import local as tcp_local
     from fibercore.errors import AuthenticationError
     from fibercore.util import machine_identity
 
     listeners, _ = session_listeners
     gone = os.urandom(16)
-    name = tcp_transport._local_name(gone)
+    name = tcp_local.local_name(gone)
     child = local_user.spawn(attack_hold_unheard, name, 6.0, accept)
     _wait_for_name(name)
     host, port = tcp_target(listeners["queue"][0])
     started = time.monotonic()
     with pytest.raises(AuthenticationError):
         mp.get_runtime().dial("router", f"tcp://{host}:{port}/{machine_identity()}#{gone.hex()}", service="queue")
-    limit = 1.0 if accept else tcp_transport.LOCAL_DEADLINE + 1.0
+    limit = 1.0 if accept else tcp_local.LOCAL_DEADLINE + 1.0
     assert time.monotonic() - started < limit
     local_user.result(child)
 
