@@ -94,6 +94,34 @@ def test_many_small_frames_read_together_and_a_big_one_split_across_reads(pair):
     sender.join(10)
 
 
+def test_a_frame_of_many_records_is_held_once_while_it_is_read(pair):
+    """A 20 MB frame (five records) is read into one buffer grown in place: the reader's
+    memory peaks at the frame plus at most a record (it was twice the frame: the records,
+    then their join)."""
+    import tracemalloc
+
+    listener, dialler, peer = pair
+    big = np.arange(20 * 2**20 // 8, dtype=np.float64)
+    ready = threading.Event()
+
+    def send() -> None:
+        ready.wait(10)
+        listener.send([(5, [memoryview(big)])], peer)
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    tracemalloc.start()
+    try:
+        ready.set()
+        [(op, got)], _ = dialler.recv(30)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    sender.join(10)
+    assert op == 5 and np.array_equal(np.frombuffer(got[0], dtype=np.float64), big)
+    assert peak < big.nbytes + (4 << 20) + (1 << 20), f"the reader held {peak / 2**20:.1f} MB for a 20 MB frame"
+
+
 def test_non_blocking_sends_of_big_frames_to_a_slow_reader_arrive_whole(pair):
     """``block=False`` either sends nothing (TransportTimeout: the caller tries again) or the
     whole frame (a part out means the rest follows as the reader drains): 40 frames of

@@ -92,11 +92,15 @@ class Conn:
         self.fd = sock.fileno()
         self._header = bytearray(4)
         self._hpos = 0
+        #: The buffer the record being read goes into, at [_bpos, _bend) (None: between records).
         self._body: bytearray | None = None
         self._bpos = 0
+        self._bend = 0
         self._more = False
-        self._records: list[bytearray] = []
-        self._size = 0
+        #: The frame so far, while its records say "more" follow (None between frames): each
+        #: record is read into its end, grown in place, so a frame of many records is never
+        #: held twice (as records, then joined).
+        self._partial: bytearray | None = None
 
     # -- writing ----------------------------------------------------------------------------
     def write(self, parts: list[Any], block: bool = True, deadline: float | None = None) -> None:
@@ -198,11 +202,11 @@ class Conn:
         """
         while True:
             body = self._body
-            if body is not None and len(body) - self._bpos >= len(self._scratch):
-                n = self._recv_into(memoryview(body)[self._bpos:], wait)
+            if body is not None and self._bend - self._bpos >= len(self._scratch):
+                n = self._recv_into(memoryview(body)[self._bpos:self._bend], wait)
                 wait = False
                 self._bpos += n
-                if self._bpos == len(body):
+                if self._bpos == self._bend:
                     self._end_record(deliver)
                 continue
             n = self._recv_into(memoryview(self._scratch), wait)
@@ -214,7 +218,7 @@ class Conn:
     @property
     def idle(self) -> bool:
         """Between frames (no record begun), authenticated, on a plain socket."""
-        return (self._body is None and self._hpos == 0 and not self._records and not self.tls
+        return (self._body is None and self._hpos == 0 and self._partial is None and not self.tls
                 and self.session is not None)
 
     def read_one(self, deliver: Callable[[memoryview], None], wait: bool = True) -> memoryview | None:
@@ -302,7 +306,7 @@ class Conn:
 
     def _parse(self, view: memoryview, deliver: Callable[[memoryview], None]) -> None:
         while view:
-            if self._body is None and self._hpos == 0 and not self._records:
+            if self._body is None and self._hpos == 0 and self._partial is None:
                 end = self._whole_record(view)
                 if end:  # the usual case: a whole one-record frame in what was read (one copy)
                     frame = bytearray(view[4:end])
@@ -321,18 +325,26 @@ class Conn:
                 length, self._more = word & ~_MORE, bool(word & _MORE)
                 if length > self.max_record or (self._more and self.session is None):
                     raise Broken(f"a record of {length} bytes is over the limit ({self.max_record})")
-                if self._size + length > self.max_frame:
+                partial = self._partial
+                start = 0 if partial is None else len(partial)
+                if start + length > self.max_frame:
                     raise Broken(f"a frame of over {self.max_frame} bytes is over the limit")
-                self._body = bytearray(length)
-                self._bpos = 0
+                if partial is not None:  # grown in place (a large buffer is remapped, not copied)
+                    partial += bytes(length)
+                    self._body = partial
+                elif self._more:
+                    self._body = self._partial = bytearray(length)
+                else:
+                    self._body = bytearray(length)
+                self._bpos, self._bend = start, start + length
                 if length == 0:
                     self._end_record(deliver)
                 continue
-            take = min(len(self._body) - self._bpos, len(view))
+            take = min(self._bend - self._bpos, len(view))
             self._body[self._bpos:self._bpos + take] = view[:take]
             self._bpos += take
             view = view[take:]
-            if self._bpos == len(self._body):
+            if self._bpos == self._bend:
                 self._end_record(deliver)
 
     def _whole_record(self, view: memoryview) -> int:
@@ -348,13 +360,10 @@ class Conn:
     def _end_record(self, deliver: Callable[[memoryview], None]) -> None:
         body, self._body = self._body, None
         assert body is not None
-        self._size += len(body)
-        self._records.append(body)
         if self._more:
-            return
-        records, self._records, self._size = self._records, [], 0
-        frame = records[0] if len(records) == 1 else bytearray().join(records)
-        deliver(memoryview(frame))
+            return  # the frame goes on in the next record (body is self._partial)
+        self._partial = None
+        deliver(memoryview(body))
 
     def authenticated(self, session: Session, max_frame: int) -> None:
         self.session = session

@@ -107,7 +107,7 @@ class TcpDialer:
         lock, or is a line: the core reads a connection under its channel's receive lock)."""
         conn = self._conn
         if (self._inbox or self._broken is not None or self._closed or conn._body is not None or conn._hpos
-                or conn._records or conn.tls):  # conn.idle, inlined
+                or conn._partial is not None or conn.tls):  # conn.idle, inlined
             return None
         if timeout is None:
             if conn._rcvtimeo is not None:

@@ -249,7 +249,7 @@ class TcpListener(Admission):
                 return None
         conn = lane[0]
         if (self._inbox or self._todo or self._closed or len(self._peers) != 1 or conn._body is not None
-                or conn._hpos or conn._records or (timeout is not None and timeout <= 0)):
+                or conn._hpos or conn._partial is not None or (timeout is not None and timeout <= 0)):
             return None
         if not self._reading.acquire(False):
             return None
