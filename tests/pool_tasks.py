@@ -115,3 +115,12 @@ def wait_for(event: Any, timeout: float = 120) -> bool:
     """A long task: runs until the test sets ``event`` (what it waits for is the test's
     state, not a time)."""
     return bool(event.wait(timeout))
+
+
+def resident_mb(data: Any = None) -> float:
+    """This worker's resident memory now, in MB (while ``data``, its argument, is alive)."""
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmRSS in /proc/self/status")

@@ -171,6 +171,8 @@ class _Local:
     ({"obs": np.ones((2, 3)), "reward": np.float32(1.5), "done": np.bool_(True)}, 1),
     ([1, "a", b"b", None, 2.5, 3j, (1, 2)], 1),
     ((np.zeros(1024, dtype=np.float32), 1), 2),  # 4 KiB: out of band
+    ([b"x" * 70_000, 1], 3),  # large bytes: out of band too
+    ({"a": (bytearray(70_000), np.zeros(1024))}, 3),
     (np.array([object()], dtype=object), 0),
     ((1, _Local()), 0),
     ((1, len), 0),
@@ -182,6 +184,28 @@ def test_plain_data_is_recognised_and_nothing_else(value, plain):
     back = s.loads(s.dumps(value))
     if plain:
         assert repr(back) == repr(value)
+
+
+@pytest.mark.parametrize("value", [
+    b"b" * 200_000,
+    bytearray(b"a" * 200_000),
+    [b"c" * 200_000, "x", (b"d" * 100_000, 3)],
+])
+def test_large_bytes_travel_out_of_band_without_a_copy_and_come_back_as_they_were(value):
+    """A bytes or bytearray of 64 KiB or more is sent from its own memory (the C pickler would
+    copy it into the stream: a map of big items held a copy of each in the master) and comes
+    back with its type and content; one object met twice is one object again."""
+    s = CloudpickleSerializer()
+    parts = s.dumps(value)
+    assert len(parts[0]) < 1000  # the stream holds no payload
+    assert all(isinstance(p, memoryview) and p.obj is not None for p in parts[1:])
+    back = s.loads([parts[0], *(bytearray(p) for p in parts[1:])])
+    assert back == value and repr(type(back)) == repr(type(value))
+    if isinstance(value, list):
+        assert type(back[0]) is bytes and type(back[2][0]) is bytes
+    shared = bytearray(100_000)
+    again = s.loads([(p if i == 0 else bytearray(p)) for i, p in enumerate(s.dumps([shared, shared]))])
+    assert again[0] is again[1] and type(again[0]) is bytearray
 
 
 def test_a_big_array_in_plain_data_travels_out_of_band():

@@ -46,6 +46,7 @@ class _Func:
 
 def _run_chunk(kind: int, func: _Func | None, payload: list[Any], serializer: Any) -> Any:
     data = serializer.loads(payload)
+    payload.clear()  # the received frame goes now, unless what was loaded is built on it (arrays)
     if kind == P.APPLY:
         fn, args, kwds = data
         return fn(*args, **kwds)
@@ -304,8 +305,10 @@ def _serve(address: str, wid: int, initializer: Callable[..., Any] | None,
             except TransportClosed:
                 break
             inbox.file(messages)
+            del messages  # the chunk's parts alone hold its frame
             continue
         cid, kind, func, payload = task
+        task = None
         start = time.perf_counter()
         inbox.started_chunk(start)
         in_task[0] = True
