@@ -88,3 +88,10 @@ def send_when_told(conn: Any, go: Any, n: int, size: int) -> None:
     for _ in range(n):
         conn.send_bytes(payload)
     conn.recv_bytes()  # the master has read everything
+
+
+def make_cartpole() -> Any:
+    """An env factory for stable-baselines3's SubprocVecEnv (pickled by reference)."""
+    import gymnasium as gym
+
+    return gym.make("CartPole-v1")

@@ -4,8 +4,9 @@ The peers' payload test: a ``Pool(5)`` maps an identity function over 20 items o
 (numpy arrays, or bytes) and gets them back. Reported per library and method: how much the
 master's peak RSS grew during the map (the 200 MB of inputs exist before it, the 200 MB of
 results are part of it), and how much a worker grew (its peak RSS after the map less its
-peak before; the median of the five: which worker gets a second chunk in flight varies). Peak RSS only rises, so each run is a process of its own,
-and the libraries take turns (``--rounds``), medians reported.
+peak before; the median of the five: which worker gets a second chunk in flight varies).
+Peak RSS only rises, so each run is a process of its own, and the libraries take turns
+(``--rounds``), medians reported.
 
     python bench/bench_memory.py [--rounds 3] [--methods fork,forkserver,spawn] [--report STEM]
 

@@ -30,6 +30,10 @@ which is the usual RL set-up of more simulators than cores):
   uss      a Pool worker's unique memory (USS) after its first task
   es       bench_workloads.py's ES on CartPole (5 generations of 48 candidates) on Pool(N)
   cma      bench_workloads.py's pycma on a costly 40-D Rastrigin (10 iterations of 24) on Pool(N)
+  sb3      stable-baselines3's SubprocVecEnv(start_method=...) with N CartPole envs, random
+           actions, 1,000 steps (--quick: 300): env steps/s (not counting the envs' start)
+  sb3ppo   stable-baselines3's PPO on SubprocVecEnv with 8 CartPole envs: seconds of
+           learn(16,384 steps) (--quick: 4,096), start not counted
 
 Ratios are fibercore / multiprocessing with each start method; "higher" or "lower" says
 which is better. Every library runs the same functions (bench/_rl_tasks.py, pickled by
@@ -110,6 +114,45 @@ def vector_env(lib: Any, n: int, steps: int, shared_memory: bool) -> float:
         return timed_steps(envs, n, steps)
     finally:
         envs.close()
+
+
+def _sb3_vec(lib: Any, n: int) -> Any:
+    from stable_baselines3.common.vec_env import SubprocVecEnv
+
+    method = "fiber" if getattr(lib, "__name__", "") == "fibercore" else lib.get_start_method()
+    return SubprocVecEnv([T.make_cartpole] * n, start_method=method)
+
+
+def sb3_steps(lib: Any, n: int, steps: int) -> float:
+    """Env steps/s of stable-baselines3's SubprocVecEnv with ``n`` envs, random actions."""
+    import numpy as np
+
+    vec = _sb3_vec(lib, n)
+    try:
+        vec.reset()
+        actions = np.random.default_rng(0).integers(0, 2, size=(steps + 20, n))
+        for a in actions[:20]:
+            vec.step(a)
+        t0 = time.perf_counter()
+        for a in actions[20:]:
+            vec.step(a)
+        return n * steps / (time.perf_counter() - t0)
+    finally:
+        vec.close()
+
+
+def sb3_ppo(lib: Any, steps: int) -> float:
+    """Seconds of stable-baselines3 PPO's learn(``steps``) on 8 SubprocVecEnv CartPole envs."""
+    from stable_baselines3 import PPO
+
+    vec = _sb3_vec(lib, 8)
+    try:
+        model = PPO("MlpPolicy", vec, n_steps=max(64, steps // 8), batch_size=256, seed=0, device="cpu")
+        t0 = time.perf_counter()
+        model.learn(total_timesteps=steps)
+        return time.perf_counter() - t0
+    finally:
+        vec.close()
 
 
 def timed_steps(envs: Any, n: int, steps: int) -> float:
@@ -469,7 +512,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("sections", nargs="*",
                         help="ppo vecenv pipe queue qrate prate apply smallnp strag mixed chunk1 noop idle start uss "
-                             "es cma")
+                             "es cma sb3 sb3ppo")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--methods", default=",".join(METHODS), help="multiprocessing start methods to compare")
@@ -479,7 +522,7 @@ def main() -> int:
     ROUNDS[0] = args.rounds
     libs = libraries(methods)
     want = set(args.sections) or {"ppo", "vecenv", "pipe", "queue", "qrate", "prate", "apply", "smallnp", "strag",
-                                  "mixed", "chunk1", "noop", "idle", "start", "uss", "es", "cma"}
+                                  "mixed", "chunk1", "noop", "idle", "start", "uss", "es", "cma", "sb3", "sb3ppo"}
     quick = args.quick
     few, many = CORES, 4 * CORES
     print(f"{CORES} cores; rounds {args.rounds}; regimes: {few} and {many} processes", flush=True)
@@ -541,6 +584,13 @@ def main() -> int:
     if "cma" in want:
         for n in (few, many):
             measure("cma", f"Pool({n})", "s", "lower", libs, m, partial(cma_seconds, workers=n))
+    if "sb3" in want:
+        for n in (few, many):
+            measure("sb3", f"{n} envs", "steps/s", "higher", libs, m,
+                    partial(sb3_steps, n=n, steps=300 if quick else 1000))
+    if "sb3ppo" in want:
+        steps = 4096 if quick else 16_384
+        measure("sb3ppo", f"8 envs, {steps} steps", "s", "lower", libs, m, partial(sb3_ppo, steps=steps))
     if args.report:
         report(args.report, methods)
     return 0

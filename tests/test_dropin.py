@@ -257,6 +257,49 @@ def test_gymnasium_async_vector_env_feeds_a_fibercore_queue(tmp_path):
     assert out.stdout.split() == ["fork", "True", "spawn", "True", "forkserver", "True"]
 
 
+def test_stable_baselines3_subproc_vec_env_steps_as_its_dummy_vec_env_and_ppo_trains(tmp_path):
+    """stable-baselines3's ``SubprocVecEnv(env_fns, start_method="fiber")``, as an RL user
+    writes it (env factories in ``__main__``): the same observations, rewards and dones as its
+    in-process ``DummyVecEnv`` for the same seeds and actions, then a short PPO run on it."""
+    pytest.importorskip("stable_baselines3")
+    out = run_script(tmp_path, """
+        import gymnasium as gym
+        import numpy as np
+        import fibercore  # registers the "fiber" start method
+        from stable_baselines3 import PPO
+        from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
+
+        def make(seed):
+            def thunk():
+                env = gym.make("CartPole-v1")
+                env.reset(seed=seed)
+                return env
+            return thunk
+
+        def run(vec, actions):
+            vec.seed(7)
+            seen = [vec.reset()]
+            for a in actions:
+                obs, reward, done, _ = vec.step(a)
+                seen += [obs, reward, done]
+            vec.close()
+            return seen
+
+        if __name__ == "__main__":
+            actions = np.random.default_rng(0).integers(0, 2, size=(60, 2))
+            here = run(DummyVecEnv([make(i) for i in range(2)]), actions)
+            there = run(SubprocVecEnv([make(i) for i in range(2)], start_method="fiber"), actions)
+            print("same", all(np.array_equal(a, b) for a, b in zip(here, there, strict=True)))
+            vec = SubprocVecEnv([make(i) for i in range(2)], start_method="fiber")
+            model = PPO("MlpPolicy", vec, n_steps=64, batch_size=64, n_epochs=1, seed=0, device="cpu")
+            model.learn(total_timesteps=256)
+            print("trained", model.num_timesteps >= 256)
+            vec.close()
+    """, timeout=170)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split()[-4:] == ["same", "True", "trained", "True"], out.stdout + out.stderr[-2000:]
+
+
 def test_worker_lost_error_names_the_items_and_the_likely_cause():
     from fibercore.errors import WorkerLostError
     from tests import pool_tasks as T
