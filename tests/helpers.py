@@ -289,3 +289,17 @@ def pipe_count_to_eof(conn: Any, results: Any, delay: float = 0.0) -> None:
 def take_n(q: Any, out: Any, n: int) -> None:
     """Get ``n`` items from ``q`` and put the list of them on ``out``."""
     out.put([q.get(timeout=120) for _ in range(n)])
+
+
+def count_changed(source: Any, reply: Any, n: int) -> None:
+    """Take ``n`` buffers (arrays, bytearrays) from a Pipe end or Queue and tell ``reply``
+    how many are not all ones, as each was when it was sent."""
+    import numpy as np
+
+    get = source.recv if hasattr(source, "recv") else source.get
+    changed = 0
+    for _ in range(n):
+        got = get()
+        view = np.frombuffer(got, dtype=np.uint8) if isinstance(got, (bytes, bytearray)) else got
+        changed += not bool((view == 1).all())
+    (reply.send if hasattr(reply, "send") else reply.put)(changed)

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 import fibercore as mp
 from tests.helpers import (
     array_roundtrip,
+    count_changed,
     pipe_bytes_echo,
     pipe_collect,
     pipe_count_to_eof,
@@ -109,6 +110,23 @@ def test_numpy_array_round_trip_writable():
     a.send(np.zeros((512, 512)))
     out = a.recv()
     assert out.shape == (512, 512) and float(out.sum()) == 512 * 512
+    p.join(30)
+
+
+@pytest.mark.parametrize("kind", ["array", "bytearray"])
+def test_a_buffer_changed_right_after_send_arrives_as_it_was_sent(kind):
+    """As after multiprocessing's send(), which pickles in the call: 200 buffers of 1.6 MB
+    sent back to back (a burst: the end's sender thread writes them after send() returned)
+    and each overwritten at once; the child finds every one as it was sent (3 of 200 arrived
+    changed when queued messages kept views of the caller's memory)."""
+    a, b = mp.Pipe()
+    p = mp.Process(target=count_changed, args=(b, b, 200))
+    p.start()
+    for _ in range(200):
+        buf = np.ones(200_000) if kind == "array" else bytearray(b"\1" * 1_600_000)
+        a.send(buf)
+        buf[:] = np.zeros(200_000) if kind == "array" else bytearray(1_600_000)
+    assert a.recv() == 0
     p.join(30)
 
 

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import fibercore as mp
-from tests.helpers import drain, eventually, get_one_then_sleep, joinable_worker, put_items, take_n
+from tests.helpers import count_changed, drain, eventually, get_one_then_sleep, joinable_worker, put_items, take_n
 
 
 def test_local_put_get_fifo():
@@ -533,3 +533,23 @@ def test_a_reader_declared_lost_gives_back_what_it_was_lent_at_once():
     finally:
         p.kill()
         p.join(30)
+
+
+def test_an_array_changed_right_after_put_is_got_as_it_was_put():
+    """An array overwritten right after put() is got as it was put, here and by a child (the
+    broker holds what was put until a reader takes it)."""
+    np = pytest.importorskip("numpy")
+    q = mp.Queue()
+    x = np.ones(1_000_000)
+    q.put(x)
+    x[:] = 0
+    assert (q.get(timeout=10) == 1).all()
+    results = mp.Queue()
+    p = mp.Process(target=count_changed, args=(q, results, 100))
+    p.start()
+    for _ in range(100):
+        x = np.ones(200_000)
+        q.put(x)
+        x[:] = 0
+    assert results.get(timeout=60) == 0
+    p.join(30)

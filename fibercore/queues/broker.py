@@ -61,6 +61,7 @@ from fibercore.queues.protocol import (
 )
 from fibercore.runtime import get_runtime
 from fibercore.wire import malformed
+from fibercore.wire.frames import owned
 from fibercore.wire.outbox import Outboxes
 from fibercore.wire.sender import BURST_GAP
 
@@ -275,7 +276,7 @@ class Broker:
                 if remaining is not None and remaining <= 0:
                     raise Full
                 self.cv.wait(remaining)
-            self._append(parts)
+            self._append(owned(parts))  # held here: the caller's array may change after put()
             now = _clock()
             self.burst, self.last_put = now - self.last_put < BURST_GAP, now
             sends: list[tuple[Hashable, list[Any]]] = []

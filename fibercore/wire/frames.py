@@ -82,6 +82,18 @@ def nbytes(part: Any) -> int:
     return part.nbytes if isinstance(part, memoryview) else len(part)
 
 
+def owned(parts: Sequence[Any]) -> list[Any]:
+    """``parts`` with every buffer its sender could still change copied (a writable view: a
+    numpy array's or a bytearray's memory, sent out of band): a message that leaves after
+    ``send()`` or ``put()`` returned carries what it held then, as a pickle made in the call
+    would. Immutable parts (bytes, read-only views) are kept as they are."""
+    for part in parts:
+        if type(part) is bytearray or (type(part) is memoryview and not part.readonly):
+            return [bytes(p) if type(p) is bytearray or (type(p) is memoryview and not p.readonly) else p
+                    for p in parts]
+    return parts if type(parts) is list else list(parts)
+
+
 def _words(values: array) -> bytes:
     if _BIG:
         values = array("Q", values)

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from fibercore.errors import TransportClosed, TransportTimeout
 from fibercore.wire.channel import Channel
-from fibercore.wire.frames import Message, nbytes
+from fibercore.wire.frames import Message, nbytes, owned
 
 #: A put this soon after the previous one is part of a burst: it is queued and batched.
 BURST_GAP = 20e-6
@@ -77,7 +77,8 @@ class Sender:
                       and self._channel.has_peer)
             if inline:
                 self.busy = True
-            else:
+            else:  # it leaves after put() returns: what the caller may still change is copied
+                message = (message[0], owned(message[1]))
                 size = sum(map(nbytes, message[1])) + 16
                 self.queue.append((message, size))
                 self._bytes += size
