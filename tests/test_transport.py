@@ -172,7 +172,8 @@ class _Local:
     ([1, "a", b"b", None, 2.5, 3j, (1, 2)], 1),
     ((np.zeros(1024, dtype=np.float32), 1), 2),  # 4 KiB: out of band
     ([b"x" * 70_000, 1], 3),  # large bytes: out of band too
-    ({"a": (bytearray(70_000), np.zeros(1024))}, 3),
+    ({"a": (b"y" * 70_000, np.zeros(1024))}, 3),
+    ([bytearray(70_000), 1], 1),  # a bytearray can change: copied into the stream, as before
     (np.array([object()], dtype=object), 0),
     ((1, _Local()), 0),
     ((1, len), 0),
@@ -188,13 +189,13 @@ def test_plain_data_is_recognised_and_nothing_else(value, plain):
 
 @pytest.mark.parametrize("value", [
     b"b" * 200_000,
-    bytearray(b"a" * 200_000),
     [b"c" * 200_000, "x", (b"d" * 100_000, 3)],
+    {"k": b"e" * 100_000, "n": [1, 2]},
 ])
 def test_large_bytes_travel_out_of_band_without_a_copy_and_come_back_as_they_were(value):
-    """A bytes or bytearray of 64 KiB or more is sent from its own memory (the C pickler would
-    copy it into the stream: a map of big items held a copy of each in the master) and comes
-    back with its type and content; one object met twice is one object again."""
+    """A bytes of 64 KiB or more is sent from its own memory (the C pickler would copy it into
+    the stream: a map of big items held a copy of each in the master) and comes back with its
+    type and content; one object met twice is one object again."""
     s = CloudpickleSerializer()
     parts = s.dumps(value)
     assert len(parts[0]) < 1000  # the stream holds no payload
@@ -203,9 +204,20 @@ def test_large_bytes_travel_out_of_band_without_a_copy_and_come_back_as_they_wer
     assert back == value and repr(type(back)) == repr(type(value))
     if isinstance(value, list):
         assert type(back[0]) is bytes and type(back[2][0]) is bytes
-    shared = bytearray(100_000)
+    shared = b"s" * 100_000
     again = s.loads([(p if i == 0 else bytearray(p)) for i, p in enumerate(s.dumps([shared, shared]))])
-    assert again[0] is again[1] and type(again[0]) is bytearray
+    assert again[0] is again[1] and type(again[0]) is bytes
+
+
+def test_a_bytearray_is_copied_when_pickled_so_it_may_change_and_grow_after():
+    """A bytearray (mutable) is not sent from its memory: a task or message that leaves later
+    carries what it held when it was pickled, and the caller may resize it meanwhile."""
+    s = CloudpickleSerializer()
+    ba = bytearray(b"a" * 200_000)
+    parts = s.dumps([ba])
+    ba[:] = b"z" * len(ba)
+    ba.extend(b"more")  # no view of it is held (BufferError otherwise)
+    assert s.loads(parts) == [bytearray(b"a" * 200_000)]
 
 
 def test_a_big_array_in_plain_data_travels_out_of_band():

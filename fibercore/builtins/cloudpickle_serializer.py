@@ -43,8 +43,10 @@ from fibercore.hookspecs import hookimpl
 
 _PLAIN = frozenset({bytes, str, int, float, bool, type(None), bytearray, complex})
 _OOB_MIN = 4096  # smaller buffers are cheaper in band
-#: bytes and bytearrays of this size or more travel out of band too: the C pickler copies
-#: them into the stream (a map of 20 items of 10 MB held 140 MB of such copies in the master).
+#: bytes of this size or more travel out of band too: the C pickler copies them into the
+#: stream (a map of 20 items of 10 MB held 140 MB of such copies in the master). Only
+#: immutable bytes: a bytearray is copied when it is pickled, as multiprocessing does, so a
+#: message or a task that leaves later carries what it held then (and the caller may resize it).
 _OOB_BYTES = 1 << 16
 #: Objects a plain-data walk looks at before it gives up (and cloudpickle takes the object).
 _WALK_BUDGET = 256
@@ -61,7 +63,7 @@ def _plain_data(obj: Any) -> int:
     :data:`_WALK_BUDGET` objects: a big structure goes to cloudpickle, whose cost per byte is
     the same and whose cost per call no longer matters. Plain data gives 1, or 2 when it
     holds an array big enough to travel out of band (:data:`_OOB_MIN`), or 3 when it holds a
-    bytes or bytearray of :data:`_OOB_BYTES` or more (see :func:`_big_bytes_out_of_band`).
+    bytes of :data:`_OOB_BYTES` or more (see :func:`_big_bytes_out_of_band`).
     """
     np = sys.modules.get("numpy")
     ndarray = generic = None
@@ -78,7 +80,7 @@ def _plain_data(obj: Any) -> int:
         item = stack.pop()
         kind = type(item)
         if kind in _PLAIN:
-            if (kind is bytes or kind is bytearray) and len(item) >= _OOB_BYTES:
+            if kind is bytes and len(item) >= _OOB_BYTES:
                 big_bytes = True
             continue
         if kind is tuple or kind is list:
@@ -98,26 +100,26 @@ def _plain_data(obj: Any) -> int:
     return 3 if big_bytes else found
 
 class _OutOfBand:
-    """A large bytes or bytearray, pickled as a buffer out of band and rebuilt by its type on
-    the other side (one copy there, as from a pickle stream; none here)."""
+    """A large bytes, pickled as a buffer out of band and rebuilt as bytes on the other side
+    (one copy there, as from a pickle stream; none here: bytes cannot change)."""
 
     __slots__ = ("value",)
 
-    def __init__(self, value: bytes | bytearray) -> None:
+    def __init__(self, value: bytes) -> None:
         self.value = value
 
     def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
-        return type(self.value), (pickle.PickleBuffer(self.value),)
+        return bytes, (pickle.PickleBuffer(self.value),)
 
 
 def _big_bytes_out_of_band(obj: Any, memo: dict[int, Any] | None = None) -> Any:
-    """Plain data (:func:`_plain_data` said 3) with each large bytes or bytearray wrapped in
+    """Plain data (:func:`_plain_data` said 3) with each large bytes wrapped in
     :class:`_OutOfBand`: the containers around them are rebuilt, once each (an object met
     twice is one object after unpickling, as before)."""
     if memo is None:
         memo = {}
     kind = type(obj)
-    if kind is bytes or kind is bytearray:
+    if kind is bytes:
         if len(obj) < _OOB_BYTES:
             return obj
     elif kind is not list and kind is not tuple and kind is not dict:
@@ -381,13 +383,13 @@ class CloudpickleSerializer:
     def dumps(self, obj: Any) -> list[Any]:
         kind = type(obj)
         if kind in _PLAIN:
-            if (kind is bytes or kind is bytearray) and len(obj) >= _OOB_BYTES:
+            if kind is bytes and len(obj) >= _OOB_BYTES:
                 return self._dumps_plain(_OutOfBand(obj))
             return [pickle.dumps(obj, protocol=5)]
         plain = _plain_data(obj)
         if plain == 1:  # the C pickler: a few µs less per message than cloudpickle
             return [pickle.dumps(obj, protocol=5)]
-        if plain == 3:  # ... with large bytes and bytearrays out of band, not copied into the stream
+        if plain == 3:  # ... with large bytes out of band, not copied into the stream
             return self._dumps_plain(_big_bytes_out_of_band(obj))
         if plain:  # ... and arrays of _OOB_MIN bytes or more out of band
             return self._dumps_plain(obj)

@@ -203,6 +203,7 @@ class _Inbox:
                     return
                 if messages:
                     self.file(messages, reply=False)
+                    messages = None  # the chunks filed alone hold their frame
                 with self.lock:
                     self.polling = False
                     self.changed.notify_all()

@@ -32,6 +32,8 @@ PARTIAL_WAIT = 5.0
 #: Longest a waiting read sleeps before it looks again (closing an endpoint, and every change
 #: a reader must see, wake it at once): an idle process does not wake up.
 IDLE_STEP = 30.0
+#: Bytes one :meth:`Conn.pump` reads at most before it returns (plain sockets).
+PUMP_BYTES = 4 << 20
 #: Largest record on the stream; bigger frames are sent as several records.
 RECORD_MAX = 4 << 20
 _MORE = 1 << 31
@@ -199,20 +201,32 @@ class Conn:
         multiple of a blocking read's wake-up on virtual machines. Raises Broken at EOF
         or when the peer breaks the limits; BlockingIOError-like errors mean "nothing
         (more) now".
+
+        On a plain socket it returns after :data:`PUMP_BYTES` even if more waits (the socket
+        stays readable): a peer that writes as fast as this reads would otherwise keep one
+        call reading, and what the caller decides between reads (a queue pausing a writer
+        past its byte budget) would come only after everything was in.
         """
+        read = 0
         while True:
             body = self._body
             if body is not None and self._bend - self._bpos >= len(self._scratch):
                 n = self._recv_into(memoryview(body)[self._bpos:self._bend], wait)
                 wait = False
                 self._bpos += n
+                read += n
                 if self._bpos == self._bend:
                     self._end_record(deliver)
+                    if read >= PUMP_BYTES and not self.tls:
+                        return
                 continue
             n = self._recv_into(memoryview(self._scratch), wait)
             wait = False
+            read += n
             self._parse(memoryview(self._scratch)[:n], deliver)
             if n < len(self._scratch) and not (self.tls and self.sock.pending()):  # type: ignore[attr-defined]
+                return
+            if read >= PUMP_BYTES and not self.tls:
                 return
 
     @property

@@ -42,6 +42,7 @@ import random
 import select
 import socket
 import struct
+import sys
 import threading
 import time
 import weakref
@@ -149,10 +150,26 @@ _used_in: int | None = None
 _sockets: weakref.WeakSet[pynng.Socket] = weakref.WeakSet()
 
 
+def _collected(sock: pynng.Socket) -> None:
+    """A socket's ``__del__``: closed as pynng closes it, except while the interpreter
+    finalizes. Then ``nng_close`` would wait for nng's reaper thread, which a pipe callback
+    into the finalizing interpreter may have ended (pynng's exit hook, taken out by
+    :func:`_replace_exit_hook`, closed everything before that); the process's end frees it."""
+    if not sys.is_finalizing():
+        pynng.Socket.__del__(sock)
+
+
+#: Each pynng socket class, with :func:`_collected` as its ``__del__``.
+_kinds: dict[type[pynng.Socket], type[pynng.Socket]] = {}
+
+
 def _new_socket(kind: type[pynng.Socket], dialling: bool = False) -> pynng.Socket:
     """A pynng socket this process tracks (see :func:`_forked_after_use`); a ``dialling`` one
     never redials in the background (:data:`NO_REDIAL_MS`)."""
-    sock = kind()
+    safe = _kinds.get(kind)
+    if safe is None:
+        safe = _kinds[kind] = type(kind.__name__, (kind,), {"__del__": _collected, "__module__": __name__})
+    sock = safe()
     _sockets.add(sock)
     if dialling:
         sock.reconnect_time_min = sock.reconnect_time_max = NO_REDIAL_MS

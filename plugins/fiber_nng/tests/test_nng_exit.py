@@ -106,3 +106,15 @@ def test_no_exit_hook_calls_nng_fini_once_fiber_nng_is_imported():
                          cwd=ROOT)
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.split() == ["nng_fini", "0"]
+
+
+def test_a_master_leaving_with_connected_pipes_and_a_queue_ends():
+    """Without pynng's exit hook, the sockets still open when the interpreter finalizes are
+    left to the process's end (closing one then could wait for nng's reaper thread forever):
+    a master holding 4 connected Pipes to daemon children and a Queue ends, 3 times."""
+    env = dict(os.environ, FIBER_PLUGINS="fiber_nng.plugin:plugin", FIBER_TRANSPORT="nng")
+    for _ in range(3):
+        run = subprocess.run([sys.executable, str(Path(__file__).with_name("exit_holding.py")), "4"],
+                             capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
+        assert "panic" not in run.stderr, run.stderr[-2000:]
+        assert run.returncode == 0 and run.stdout.split() == ["leaving"], (run.stdout, run.stderr[-2000:])
