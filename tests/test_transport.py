@@ -94,6 +94,7 @@ def test_many_small_frames_read_together_and_a_big_one_split_across_reads(pair):
     sender.join(10)
 
 
+@pytest.mark.builtin_transport  # the built-in transport's record reader
 def test_a_frame_of_many_records_is_held_once_while_it_is_read(pair):
     """A 20 MB frame (five records) is read into one buffer grown in place: the reader's
     memory peaks at the frame plus at most a record (it was twice the frame: the records,
