@@ -268,6 +268,7 @@ class Broker:
     # -- local operations (the creating process) --------------------------------------------
     def put_local(self, parts: list[Any], block: bool, timeout: float | None) -> None:
         deadline = None if timeout is None else time.monotonic() + timeout
+        parts = owned(parts)  # held here: the caller's array may change after put(); copied outside the lock
         with self.cv:
             while self.held >= self.budget or (self.maxsize > 0 and not self._room()):
                 if not block:
@@ -276,7 +277,7 @@ class Broker:
                 if remaining is not None and remaining <= 0:
                     raise Full
                 self.cv.wait(remaining)
-            self._append(owned(parts))  # held here: the caller's array may change after put()
+            self._append(parts)
             now = _clock()
             self.burst, self.last_put = now - self.last_put < BURST_GAP, now
             sends: list[tuple[Hashable, list[Any]]] = []
