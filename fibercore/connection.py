@@ -157,7 +157,11 @@ class Connection:
                 msg = line.recv()
                 if msg is not None:
                     return msg
-        return self._next_through_layers(timeout)
+        msg = self._next_through_layers(timeout)
+        sender = self._network.sender
+        if sender is not None:  # the next send answers this message: not part of a burst
+            sender.last_put = 0.0
+        return msg
 
     def _next_through_layers(self, timeout: float | None) -> Message:
         network, inbox = self._network, self._inbox

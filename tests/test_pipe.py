@@ -264,6 +264,31 @@ def test_a_second_writer_is_heard_while_the_first_is_silent():
     second.join(30)
 
 
+def test_an_answer_is_sent_at_once_not_batched_as_part_of_a_burst():
+    """A message sent right after one was received answers it: it leaves on the caller's
+    thread however quick the exchange (a burst of sends, with nothing received between them,
+    is what the sending thread batches). 3,000 round trips between two ends of this process
+    queue nothing for a sending thread on either."""
+    import pickle
+
+    a, home_b = mp.Pipe()
+    b = pickle.loads(pickle.dumps(home_b))  # a dialled copy, as a child's end is
+    home_b.close()
+    b.send_bytes(b"hello")
+    assert a.recv_bytes() == b"hello"
+    a.send_bytes(b"warm")  # the first send may wait for the home to see its peer (queued)
+    b.send_bytes(b.recv_bytes())
+    assert a.recv_bytes() == b"warm"
+    before = [end._network.sender.queued for end in (a, b)]
+    for i in range(3000):
+        a.send_bytes(b"%d" % i)
+        b.send_bytes(b.recv_bytes())
+        assert a.recv_bytes() == b"%d" % i
+    assert [end._network.sender.queued for end in (a, b)] == before, "a reply was queued for the sending thread"
+    a.close()
+    b.close()
+
+
 def test_a_connected_end_steps_on_its_line_and_drops_it_where_it_must():
     """Once connected to its one peer, each end sends and reads on its line; a forked copy,
     an end whose fileno() was used and a closed end have none, and messages keep coming."""

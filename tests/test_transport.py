@@ -163,6 +163,35 @@ def test_the_stream_opener_takes_the_next_frame_at_once_and_still_refuses_a_repl
         opener.open(frames[3])
 
 
+@settings(deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 300), st.binary(max_size=200), st.booleans()), max_size=40))
+def test_short_frames_and_counted_ones_mix_in_any_order_and_keep_the_counter(sends):
+    """A private stream's one-part messages go as short frames (one byte of header, the counter
+    implied); counted frames between them carry counters that still follow on, so the opener
+    accepts every frame once, in order, whichever way it opens it (``open_one`` or ``open``)."""
+    sealer, opener = StreamSealer(b"k" * 32), StreamOpener(b"k" * 32)
+    for op, payload, one in sends:
+        frame = b"".join(bytes(p) for p in (sealer.seal_one(op, payload) if one else sealer.seal([(op, [payload])])))
+        assert (len(frame) == 1 + len(payload)) == (one and op < 0x80), "short exactly when it can be"
+        got = opener.open_one(memoryview(frame)) if one else None
+        if got is None:
+            (got,) = opener.open(frame)
+        assert (got[0], [bytes(p) for p in got[1]]) == (op, [payload])
+    last = b"".join(bytes(p) for p in sealer.seal([(1, [b"last"])]))
+    assert bytes(opener.open(last)[0][1][0]) == b"last"
+    with pytest.raises(BadFrame, match="replayed"):  # a counted frame after short ones: still once
+        opener.open(last)
+
+
+def test_a_short_frame_is_one_byte_of_header_on_a_connected_pipe():
+    """What a stepped simulator's message costs on the stream: its payload and five bytes (the
+    record's length and the short frame's op), not a 64-byte counted header."""
+    sealer = StreamSealer(b"k" * 32)
+    head, body = sealer.seal_one(1, b"x" * 100)
+    assert len(head) == 1 and body == b"x" * 100
+    assert len(b"".join(sealer.seal([(1, [b"x" * 100])]))) == 64 + 100  # counted: as before
+
+
 class _Local:
     pass
 

@@ -29,7 +29,7 @@ from fibercore.errors import TransportClosed
 from fibercore.pipes import CLOSE
 from fibercore.pipes.inbox import Inbox, Message
 from fibercore.wire import Sender
-from fibercore.wire.channel import Lane, send_deferred, transmit
+from fibercore.wire.channel import Lane, send_deferred
 from fibercore.wire.frames import BadFrame, reject
 from fibercore.wire.sender import BURST_GAP
 
@@ -40,16 +40,19 @@ _get_ident = threading.get_ident
 class Line:
     """One connected end's hot path (see the module's docstring)."""
 
-    __slots__ = ("session", "_write", "_read", "_open_one", "_open", "_receiving", "_address", "sender", "inbox",
-                 "readable", "wait", "twin_still_writes")
+    __slots__ = ("session", "_lock", "_seal_one", "_write", "_read", "_open_one", "_open", "_receiving",
+                 "_address", "sender", "inbox", "readable", "wait", "twin_still_writes")
 
     def __init__(self, lane: Lane, sender: Sender | None, inbox: Inbox, readable: bool, wait: float | None,
                  twin_still_writes: Callable[[], bool]) -> None:
-        self.session = lane.session
+        session = lane.session
+        self.session = session
+        self._lock = session.lock
+        self._seal_one = session.sealer.seal_one
         self._write = lane._send_parts
         self._read = lane._recv_frame
-        self._open_one = lane.session.opener.open_one
-        self._open = lane.session.opener.open
+        self._open_one = session.opener.open_one
+        self._open = session.opener.open
         self._receiving = lane.channel._receiving
         self._address = lane.channel.address
         #: The end's sender (None until it first sent): the line sends only while it is idle.
@@ -62,28 +65,27 @@ class Line:
 
     def send(self, op: int, parts: list[Any]) -> bool:
         """Send one message now, in a frame of its own; False when the layers must take it
-        (no sender yet, a queue or a burst under way, the other end gone). TransportClosed
-        when the connection ended."""
+        (no sender yet, a queue or a burst under way, the other end gone, several parts,
+        a send re-entered on this thread). TransportClosed when the connection ended."""
         sender = self.sender
         # ``queue`` before ``busy``: the sending thread marks itself busy before it empties it.
-        if sender is None or sender.queue or sender.busy or self.inbox.eof:
+        if sender is None or sender.queue or sender.busy or self.inbox.eof or len(parts) != 1:
             return False
         now = _clock()
         if now - sender.last_put <= BURST_GAP:  # a burst: the sender packs it into frames
             return False
         session = self.session
         me = _get_ident()
-        if len(parts) != 1 or session.sending == me:  # several parts, or re-entered (a finalizer)
-            transmit(session, [(op, parts)], self._write)
-        else:  # transmit() of one message of one part, inlined
-            with session.lock:
-                session.sending = me
-                try:
-                    self._write(session.sealer.seal_one(op, parts[0]), session, True)
-                    if session.deferred:
-                        send_deferred(session, self._write)
-                finally:
-                    session.sending = None
+        if session.sending == me:  # re-entered (a finalizer): transmit() defers it
+            return False
+        with self._lock:  # transmit() of one message of one part, inlined
+            session.sending = me
+            try:
+                self._write(self._seal_one(op, parts[0]), session, True)
+                if session.deferred:
+                    send_deferred(session, self._write)
+            finally:
+                session.sending = None
         sender.last_put = now
         return True
 
@@ -100,6 +102,9 @@ class Line:
                 return None
             one = self._open_one(frame)
             if one is not None and one[0] != CLOSE:
+                sender = self.sender
+                if sender is not None:  # the next send answers this message: not a burst
+                    sender.last_put = 0.0
                 return one
             messages = self._open(frame) if one is None else [one]
         except TransportClosed:

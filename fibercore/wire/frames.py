@@ -21,7 +21,14 @@ network. Both ends agree on it in the handshake (it is in every proof).
 On a private stream (a Unix-domain connection; the handshake proved both ends see
 one, :mod:`fibercore.wire.handshake`) the tag is all zeros and not checked: only the
 two processes can write into such a stream, so the kernel binds each frame to its
-connection and direction; the counter is still checked.
+connection and direction; the counter is still checked. A message of one part sent on its
+own (a connected Pipe's every step, :meth:`StreamSealer.seal_one`) goes as a *short* frame::
+
+    short  = 0x80 | op (1 byte) || payload        (op < 0x80)
+
+whose counter is implied: the next one. A counted frame begins with its zero tag, so the
+first byte tells them apart; the reader opens frames in the order they arrived (under its
+channel's receiving lock), which is the order the kernel kept.
 
 A sender counts its frames from 1; a receiver accepts each counter once, within a
 window of the last :data:`REPLAY_WINDOW` (threads of one process may verify frames of
@@ -279,6 +286,9 @@ class Opener:
 
 
 _NO_TAG = bytes(TAG_SIZE)
+#: The bit that marks a short frame's first byte (a counted frame's is its tag's: zero).
+_SHORT = 0x80
+_SHORT_HEAD = [bytes([_SHORT | op]) for op in range(_SHORT)]
 
 
 class StreamSealer(Sealer):
@@ -298,7 +308,10 @@ class StreamSealer(Sealer):
         return [_NO_TAG, head, *payload]
 
     def seal_one(self, op: int, part: Any) -> list[Any]:
+        """A short frame (see the module's docstring): one byte of header, the counter implied."""
         self._counter += 1
+        if op < _SHORT:
+            return [_SHORT_HEAD[op], part]
         return [_STREAM_ONE.pack(self._counter, 6, 1, op, 1, part.nbytes if type(part) is memoryview else len(part)),
                 part]
 
@@ -307,6 +320,13 @@ class StreamOpener(Opener):
     """The receiving side of :class:`StreamSealer`: counters are still checked."""
 
     def open_one(self, frame: memoryview) -> tuple[int, list[memoryview]] | None:
+        if frame and frame.itemsize == 1 and frame.ndim == 1:
+            first = frame[0]
+            if first & _SHORT:  # a short frame: the next counter
+                self._last += 1
+                if self._seen != _WINDOW_MASK:
+                    self._seen = ((self._seen << 1) | 1) & _WINDOW_MASK
+                return first & ~_SHORT, [frame[1:]]
         size = len(frame) - 64
         if size < 0 or frame.ndim != 1 or frame.itemsize != 1:
             return None
@@ -323,6 +343,11 @@ class StreamOpener(Opener):
 
     def open(self, frame: bytes | memoryview) -> Messages:
         view = frame if type(frame) is memoryview else memoryview(frame)
+        if view and view.ndim == 1 and view.itemsize == 1 and view[0] & _SHORT:
+            with self._lock:
+                self._last += 1
+                self._seen = ((self._seen << 1) | 1) & _WINDOW_MASK
+            return [(view[0] & ~_SHORT, [view[1:]])]
         if view.ndim != 1 or view.itemsize != 1 or len(view) < TAG_SIZE + 48:
             return super().open(frame)
         counter, nwords, nmsgs, op, nparts, size = _STREAM_ONE.unpack_from(view)

@@ -52,6 +52,8 @@ class Sender:
         self._max_frame = max_frame
         self._high_water = high_water
         self.last_put = 0.0
+        #: Messages that went through the sending thread (queued), not out on the caller's.
+        self.queued = 0
         self._thread: threading.Thread | None = None
         self._waiting = 0  # callers blocked in put (back-pressure) or flush
         self._then: Callable[[], None] | None = None  # what finish() leaves to the sending thread
@@ -79,6 +81,7 @@ class Sender:
                 self.busy = True
             else:  # it leaves after put() returns: what the caller may still change is copied
                 message = (message[0], owned(message[1]))
+                self.queued += 1
                 size = sum(map(nbytes, message[1])) + 16
                 self.queue.append((message, size))
                 self._bytes += size

@@ -114,20 +114,9 @@ class Conn:
         if total <= RECORD_MAX:
             iov: list[Any] = [_HEADER.pack(total), *parts]
             if block and deadline is None and not self.tls and len(iov) <= _IOV_MAX:
-                # The usual case, one call: a frame that fits the socket's buffer (os.writev:
-                # the same write as sendmsg, for less Python).
-                try:
-                    n = _writev(self.fd, iov)
-                except WOULD_BLOCK:
-                    n = 0
-                except OSError as exc:
-                    raise Gone(str(exc)) from None
-                if n == total + 4:
-                    return
-                iov = _after(iov, n)
+                self.write_record(iov, total)  # the usual case: one call
             else:
-                iov = [iov[0], *(v for v in map(_byte_view, parts) if v.nbytes)]
-            self._write_all(iov, block, deadline)  # byte views only, none empty (a send of 0 bytes loops)
+                self._write_all([iov[0], *(v for v in map(_byte_view, parts) if v.nbytes)], block, deadline)
             return
         views = [v for v in map(_byte_view, parts) if len(v)]
         iov = []
@@ -144,6 +133,19 @@ class Conn:
                 view = view[take:]
                 room -= take
         self._write_all(iov, block, deadline)
+
+    def write_record(self, iov: list[Any], total: int) -> None:
+        """Write one whole record (``iov``: its header, then ``total`` bytes) on a plain socket,
+        blocking: in one call when the socket's buffer takes it (os.writev: the same write as
+        sendmsg, for less Python), the rest as room comes."""
+        try:
+            n = _writev(self.fd, iov)
+        except WOULD_BLOCK:
+            n = 0
+        except OSError as exc:
+            raise Gone(str(exc)) from None
+        if n != total + 4:
+            self._write_all(_after(iov, n), True, None)  # byte views only, none empty (a send of 0 bytes loops)
 
     def _write_all(self, iov: list[Any], block: bool, deadline: float | None) -> None:
         sent_any = False
@@ -281,11 +283,13 @@ class Conn:
 
     def _recv_into(self, view: memoryview | bytearray, wait: bool = False) -> int:
         try:
-            if self.tls:
+            if wait and not self.spin and not self.tls:  # the usual waiting read, looked at first
+                n = _readv(self.fd, [view])  # the same read as recv_into, for half its cost in Python
+            elif self.tls:
                 n = self.sock.recv_into(view)
             elif wait and self.spin > 0 and self.spin_gate.open():
                 n = self._spin_then_wait(view)
-            elif wait:  # os.readv: the same read as recv_into, for half its cost in Python
+            elif wait:
                 n = _readv(self.fd, [view])
             else:
                 n = self.sock.recv_into(view, 0, _DONTWAIT)
@@ -415,7 +419,15 @@ class Line:
     def write(self, parts: list[Any], peer: Hashable = None, block: bool = True) -> None:
         """The endpoint's ``send_parts`` to this connection, without its send lock: the
         caller holds the peer's session lock, as the core does for every frame it sends."""
+        conn = self._conn
         try:
-            self._conn.write(parts, block)
+            if block and len(parts) == 2:  # a header and a body (a Pipe's message): no loop
+                head, body = parts
+                total = ((head.nbytes if type(head) is memoryview else len(head))
+                         + (body.nbytes if type(body) is memoryview else len(body)))
+                if total <= RECORD_MAX:
+                    conn.write_record([_HEADER.pack(total), head, body], total)
+                    return
+            conn.write(parts, block)
         except Broken as exc:
-            raise self._broken(self._conn, str(exc)) from None
+            raise self._broken(conn, str(exc)) from None

@@ -30,6 +30,9 @@ from .spinning import DEFAULT_SPIN, SpinGate
 
 #: Longest a reading thread polls before it looks again at what changed (closed, handed over).
 READ_STEP = 0.05
+#: Longest a Pipe home's read of its one connection blocks (:meth:`TcpListener.recv_frame`)
+#: before it looks at what else changed: how late a second peer or a wake-up is seen there.
+LANE_STEP = 0.1
 #: A listener's reading thread polls before sleeping only this soon after its last frame
 #: (an idle endpoint sleeps at once instead of spinning every READ_STEP).
 SPIN_AFTER = 0.05
@@ -100,6 +103,7 @@ class TcpListener(Admission):
         self._cv = threading.Condition(self._lock)
         self._waiters = 0  # threads in self._cv.wait (notify only when one is there)
         self._woken = False  # wake() was called: the waiting recv raises TransportTimeout
+        self._nudged = False  # wake() was called: the next recv_frame returns None
         self._callbacks: list[PeerCallback] = []
         self._closed = False
         # Authenticated connections are read by the thread waiting in recv (one at a time:
@@ -108,9 +112,8 @@ class TcpListener(Admission):
         self._own = Looker()
         self._last_frame = 0.0  # when a frame last arrived (a listener spins only while busy)
         self._reading = threading.Lock()
-        #: recv_frame's connection, its poll, descriptor, what takes frames it reads past, and peer
-        self._lane: tuple[Conn, Callable[..., list[tuple[int, int]]], int, Callable[[memoryview], None],
-                          Hashable] | None = None
+        #: recv_frame's connection, what takes the frames it reads past, and its peer
+        self._lane: tuple[Conn, Callable[[memoryview], None], Hashable] | None = None
         self._todo: collections.deque[Callable[[], None]] = collections.deque()
         r, w = os.pipe()
         os.set_blocking(r, False)
@@ -146,6 +149,7 @@ class TcpListener(Admission):
     def wake(self) -> None:
         """:class:`fibercore.transport.Wakeable`: the thread waiting in :meth:`recv` raises
         TransportTimeout now (the wake-up pipe ends its poll)."""
+        self._nudged = True
         with self._lock:
             self._woken = True
             if self._waiters:
@@ -239,63 +243,31 @@ class TcpListener(Admission):
     def recv_frame(self, timeout: float | None, peer: Hashable) -> memoryview | None:
         """:class:`fibercore.transport.LaneEndpoint`: ``peer``'s next frame, read on this
         thread, while ``peer`` is the only connection (a Pipe's home with its one child).
-        One poll of that socket and this listener's wake-up pipe (anything that changes,
-        such as a second peer or a frame left for :meth:`recv`, wakes it and returns None:
-        :meth:`recv` takes over)."""
+
+        One blocking read of that socket, as a dialled end's, for at most :data:`LANE_STEP`
+        (the socket's receive timeout): no poll. What else may happen meanwhile (a second
+        peer, :meth:`wake`, a change of the reading selector) is seen when it returns: then
+        it returns None and :meth:`recv`, which polls every connection and the wake-up pipe,
+        takes over; so a rare event waits at most one step, and a step costs nothing."""
         lane = self._lane
-        if lane is None or lane[4] is not peer:
+        if lane is None or lane[2] is not peer:
             lane = self._lane_to(peer)
             if lane is None:
                 return None
-        conn = lane[0]
-        if (self._inbox or self._todo or self._closed or len(self._peers) != 1 or conn._body is not None
-                or conn._hpos or conn._partial is not None or (timeout is not None and timeout <= 0)):
-            return None
         if not self._reading.acquire(False):
             return None
         try:
-            poll = lane[1]
-            ready: list[tuple[int, int]] = []
-            if self._spin > 0 and time.perf_counter() - self._last_frame < SPIN_AFTER \
-                    and self._spin_gate.open():  # busy, and a CPU to spare: the next frame is likely soon
-                end = time.perf_counter() + self._spin
-                while not ready and time.perf_counter() < end:
-                    ready = poll(0)
-                self._spin_gate.result(bool(ready))
-            if not ready:
-                ready = poll(-1 if timeout is None else min(timeout, IDLE_STEP) * 1000)
-            if len(ready) != 1 or ready[0][0] != lane[2]:
-                return None  # the time passed, or something changed: recv() looks
-            try:  # readable (and read by this thread only): the read does not wait
-                frame = conn.read_one(lane[3], True)
-            except WOULD_BLOCK:
-                return None
-            except (Broken, OSError, ValueError):
-                self._unwatch(conn)
-                self._reactor.call(lambda: self._drop(conn))
-                return None
-            if self._spin > 0:  # what the spinning decides on
-                self._last_frame = time.perf_counter()
-            if self._inbox and self._waiters:  # that read brought more: another thread waits for it
-                with self._cv:
-                    self._cv.notify(len(self._inbox))
-            return frame
+            return self._read_line(lane[0], lane[1], timeout, peer)
         finally:
             self._reading.release()
 
-    def _lane_to(self, peer: Hashable) -> tuple[Conn, Callable[..., list[tuple[int, int]]], int,
-                                                 Callable[[memoryview], None], Hashable] | None:
-        """:meth:`recv_frame`'s connection to ``peer``, its poll (with the wake-up pipe),
-        descriptor, what takes the frames it reads past, and the peer; None for a peer that
-        is gone, a TLS one, or a closed listener."""
+    def _lane_to(self, peer: Hashable) -> tuple[Conn, Callable[[memoryview], None], Hashable] | None:
+        """:meth:`recv_frame`'s connection to ``peer``, what takes the frames it reads past,
+        and the peer; None for a peer that is gone, a TLS one, or a closed listener."""
         conn = self._peers.get(peer)  # type: ignore[call-overload]
-        wake = self._wake
-        if conn is None or conn.tls or wake is None:
+        if conn is None or conn.tls or self._wake is None:
             return None
-        poller = select.poll()
-        poller.register(conn.fd, select.POLLIN)
-        poller.register(wake[0], select.POLLIN)
-        self._lane = (conn, poller.poll, conn.fd, lambda f: self._inbox.append((f, peer)), peer)  # type: ignore[arg-type]
+        self._lane = (conn, lambda f: self._inbox.append((f, peer)), peer)  # type: ignore[arg-type]
         return self._lane
 
     def line(self, peer: Hashable) -> Line | None:
@@ -304,7 +276,37 @@ class TcpListener(Admission):
         conn = self._peers.get(peer)  # type: ignore[call-overload]
         if conn is None or conn.tls:
             return None
-        return Line(conn, self._broken_line, self.recv_frame)
+        deliver: Callable[[memoryview], None] = lambda f: self._inbox.append((f, peer))  # type: ignore[arg-type]  # noqa: E731
+        return Line(conn, self._broken_line, functools.partial(self._read_line, conn, deliver))
+
+    def _read_line(self, conn: Conn, deliver: Callable[[memoryview], None], timeout: float | None,
+                   peer: Hashable = None) -> memoryview | None:
+        """A line's ``read``: :meth:`recv_frame` for a caller that holds its channel's receive
+        lock, under which every other read of this endpoint runs too (so no reading lock here),
+        with the connection and the peer's hand-over looked up once, when the line was made.
+        ``deliver`` takes what one read brings past the frame it returns."""
+        if self._nudged:  # wake() was called: the layers look (once) at what changed
+            self._nudged = False
+            return None
+        if (self._inbox or self._todo or self._closed or len(self._peers) != 1 or self._peers.get(peer) is not conn  # type: ignore[call-overload]
+                or conn._body is not None or conn._hpos or conn._partial is not None
+                or (timeout is not None and timeout <= 0)):
+            return None
+        step = LANE_STEP if timeout is None or timeout > LANE_STEP else timeout
+        if conn._rcvtimeo != step:
+            conn.wait_at_most(step)
+        try:
+            frame = conn.read_one(deliver, True)
+        except WOULD_BLOCK:  # the step passed
+            return None
+        except (Broken, OSError, ValueError):
+            self._unwatch(conn)
+            self._reactor.call(lambda: self._drop(conn))
+            return None
+        if self._inbox and self._waiters:  # that read brought more: another thread waits for it
+            with self._cv:
+                self._cv.notify(len(self._inbox))
+        return frame
 
     def _broken_line(self, conn: Conn, why: str) -> TransportClosed:
         self._reactor.call(lambda: self._drop(conn))
