@@ -166,9 +166,9 @@ def test_the_stream_opener_takes_the_next_frame_at_once_and_still_refuses_a_repl
 @settings(deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 300), st.binary(max_size=200), st.booleans()), max_size=40))
 def test_short_frames_and_counted_ones_mix_in_any_order_and_keep_the_counter(sends):
-    """A private stream's one-part messages go as short frames (one byte of header, the counter
-    implied); counted frames between them carry counters that still follow on, so the opener
-    accepts every frame once, in order, whichever way it opens it (``open_one`` or ``open``)."""
+    """A private stream's one-part messages go as short frames (one byte of header, no counter);
+    counted frames between them count among themselves, so the opener accepts every frame,
+    in order, whichever way it opens it (``open_one`` or ``open``), and a counted one once."""
     sealer, opener = StreamSealer(b"k" * 32), StreamOpener(b"k" * 32)
     for op, payload, one in sends:
         frame = b"".join(bytes(p) for p in (sealer.seal_one(op, payload) if one else sealer.seal([(op, [payload])])))

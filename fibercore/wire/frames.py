@@ -26,9 +26,10 @@ own (a connected Pipe's every step, :meth:`StreamSealer.seal_one`) goes as a *sh
 
     short  = 0x80 | op (1 byte) || payload        (op < 0x80)
 
-whose counter is implied: the next one. A counted frame begins with its zero tag, so the
-first byte tells them apart; the reader opens frames in the order they arrived (under its
-channel's receiving lock), which is the order the kernel kept.
+with no counter: the kernel keeps a stream's order and nothing but the two ends writes into
+it, so a counter there proves nothing a short frame needs; counted frames between short ones
+(a sender thread's batches) count among themselves as before. A counted frame begins with its
+zero tag, so the first byte tells the two apart.
 
 A sender counts its frames from 1; a receiver accepts each counter once, within a
 window of the last :data:`REPLAY_WINDOW` (threads of one process may verify frames of
@@ -308,27 +309,25 @@ class StreamSealer(Sealer):
         return [_NO_TAG, head, *payload]
 
     def seal_one(self, op: int, part: Any) -> list[Any]:
-        """A short frame (see the module's docstring): one byte of header, the counter implied."""
-        self._counter += 1
+        """A short frame (see the module's docstring): one byte of header, no counter."""
         if op < _SHORT:
             return [_SHORT_HEAD[op], part]
+        self._counter += 1
         return [_STREAM_ONE.pack(self._counter, 6, 1, op, 1, part.nbytes if type(part) is memoryview else len(part)),
                 part]
 
 
 class StreamOpener(Opener):
-    """The receiving side of :class:`StreamSealer`: counters are still checked."""
+    """The receiving side of :class:`StreamSealer`: counted frames' counters are still checked."""
 
     def open_one(self, frame: memoryview) -> tuple[int, list[memoryview]] | None:
-        if frame and frame.itemsize == 1 and frame.ndim == 1:
-            first = frame[0]
-            if first & _SHORT:  # a short frame: the next counter
-                self._last += 1
-                if self._seen != _WINDOW_MASK:
-                    self._seen = ((self._seen << 1) | 1) & _WINDOW_MASK
-                return first & ~_SHORT, [frame[1:]]
+        if frame.itemsize != 1 or frame.ndim != 1 or not frame:
+            return None
+        first = frame[0]
+        if first & _SHORT:  # a short frame (no counter)
+            return first & ~_SHORT, [frame[1:]]
         size = len(frame) - 64
-        if size < 0 or frame.ndim != 1 or frame.itemsize != 1:
+        if size < 0:
             return None
         counter, nwords, nmsgs, op, nparts, length = _STREAM_ONE.unpack_from(frame)
         if counter != self._last + 1 or length != size or nparts != 1 or nmsgs != 1 or nwords != 6:
@@ -343,10 +342,7 @@ class StreamOpener(Opener):
 
     def open(self, frame: bytes | memoryview) -> Messages:
         view = frame if type(frame) is memoryview else memoryview(frame)
-        if view and view.ndim == 1 and view.itemsize == 1 and view[0] & _SHORT:
-            with self._lock:
-                self._last += 1
-                self._seen = ((self._seen << 1) | 1) & _WINDOW_MASK
+        if view and view.ndim == 1 and view.itemsize == 1 and view[0] & _SHORT:  # a short frame (no counter)
             return [(view[0] & ~_SHORT, [view[1:]])]
         if view.ndim != 1 or view.itemsize != 1 or len(view) < TAG_SIZE + 48:
             return super().open(frame)

@@ -56,6 +56,7 @@ class Admission:
     _pending: dict[Conn, None]
     _pending_by: collections.Counter[Hashable]
     _peers: dict[Session, Conn]
+    _sole: Conn | None
     _inbox: collections.deque[tuple[memoryview, Session]]
     _cv: threading.Condition
     _callbacks: list[PeerCallback]
@@ -213,6 +214,7 @@ class Admission:
             conn.authenticated(conn.hs.session, self._limits.max_frame)
             self._forget_pending(conn)
             self._peers[conn.hs.session] = conn
+            self._sole = conn if len(self._peers) == 1 else None
             for cb in list(self._callbacks):
                 cb(conn.hs.session, True)
 
@@ -230,6 +232,7 @@ class Admission:
             self._lane = None
         conn.close()
         if session is not None and self._peers.pop(session, None) is not None:
+            self._sole = next(iter(self._peers.values())) if len(self._peers) == 1 else None
             for cb in list(self._callbacks):
                 try:
                     cb(session, False)

@@ -98,6 +98,7 @@ class TcpListener(Admission):
         self._pending: dict[Conn, None] = {}  # unauthenticated, oldest first
         self._pending_by: collections.Counter[Hashable] = collections.Counter()  # per peer identity
         self._peers: dict[Session, Conn] = {}
+        self._sole: Conn | None = None  # the one peer's connection while there is exactly one
         self._inbox: collections.deque[tuple[memoryview, Session]] = collections.deque()
         self._lock = threading.Lock()  # ``with self._lock`` where nothing waits: a C call
         self._cv = threading.Condition(self._lock)
@@ -288,7 +289,7 @@ class TcpListener(Admission):
         if self._nudged:  # wake() was called: the layers look (once) at what changed
             self._nudged = False
             return None
-        if (self._inbox or self._todo or self._closed or len(self._peers) != 1 or self._peers.get(peer) is not conn  # type: ignore[call-overload]
+        if (self._sole is not conn or self._inbox or self._todo or self._closed
                 or conn._body is not None or conn._hpos or conn._partial is not None
                 or (timeout is not None and timeout <= 0)):
             return None
