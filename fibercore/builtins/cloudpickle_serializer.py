@@ -42,6 +42,8 @@ import cloudpickle
 from fibercore.hookspecs import hookimpl
 
 _PLAIN = frozenset({bytes, str, int, float, bool, type(None), bytearray, complex})
+#: Plain types whose size does not matter: a flat tuple of them is plain data at one look.
+_SCALARS = _PLAIN - {bytes}
 _OOB_MIN = 4096  # smaller buffers are cheaper in band
 #: bytes of this size or more travel out of band too: the C pickler copies them into the
 #: stream (a map of 20 items of 10 MB held 140 MB of such copies in the master). Only
@@ -69,6 +71,22 @@ def _plain_data(obj: Any) -> int:
     ndarray = generic = None
     if np is not None:
         ndarray, generic = np.ndarray, np.generic
+    kind = type(obj)
+    if (kind is tuple or kind is list) and len(obj) <= 16:
+        # A flat tuple (an RL step's (obs, reward, terminated, truncated), a task's arguments):
+        # its types looked at in one pass, its arrays alone one by one.
+        odd = set(map(type, obj)) - _SCALARS
+        if not odd:
+            return 1
+        if ndarray is not None and len(odd) == 1 and ndarray in odd:
+            found = 1
+            for item in obj:
+                if type(item) is ndarray:
+                    if item.dtype.hasobject:
+                        return 0
+                    if item.nbytes >= _OOB_MIN:
+                        found = 2
+            return found
     budget = _WALK_BUDGET
     stack = [obj]
     found = 1
