@@ -183,6 +183,38 @@ def test_short_frames_and_counted_ones_mix_in_any_order_and_keep_the_counter(sen
         opener.open(last)
 
 
+@settings(deadline=None, max_examples=60)
+@given(st.lists(st.tuples(st.integers(0, 300), st.binary(max_size=200), st.integers(0, 2)), max_size=30),
+       st.booleans())
+def test_a_network_frame_of_one_message_opens_at_once_and_a_batch_is_verified_once(sends, clear):
+    """Over a network (AES-GCM, or AES-GMAC without encryption) a one-part message is sealed
+    without the general layout and opened by ``open_one``; a frame of several messages it
+    verified is handed to ``open`` without a second verification; every frame arrives once,
+    in order, and a replay is still refused."""
+    from fibercore.wire.frames import ClearOpener, ClearSealer, Opener, Sealer
+
+    key = b"n" * 32
+    sealer, opener = (ClearSealer(key), ClearOpener(key)) if clear else (Sealer(key), Opener(key))
+    sent = []
+    for op, payload, how in sends:
+        if how == 0:
+            parts = sealer.seal_one(op, payload)
+        elif how == 1:
+            parts = sealer.seal([(op, [payload])])
+        else:
+            parts = sealer.seal([(op, [payload]), (op + 1, [payload[:3]])])
+        frame = memoryview(bytearray(b"".join(bytes(p) for p in parts)))
+        sent.append(frame)
+        one = opener.open_one(frame)
+        got = [one] if one is not None else opener.open(frame)
+        assert [(o, [bytes(p) for p in ps]) for o, ps in got] == (
+            [(op, [payload]), (op + 1, [payload[:3]])] if how == 2 else [(op, [payload])])
+    for frame in sent[-3:]:
+        assert opener.open_one(frame) is None
+        with pytest.raises(BadFrame, match="replayed"):
+            opener.open(frame)
+
+
 def test_a_short_frame_is_one_byte_of_header_on_a_connected_pipe():
     """What a stepped simulator's message costs on the stream: its payload and five bytes (the
     record's length and the short frame's op), not a 64-byte counted header."""
