@@ -142,8 +142,10 @@ class LaneEndpoint(Protocol):
        endpoint can read it on this thread now: ``peer`` is its only connection, no frame
        waits for ``recv`` and no other thread reads; it waits at most ``timeout`` seconds
        (None: until a frame comes or the connection ends);
-    2. otherwise returns None, at once or after waiting (at most ``timeout``): what it read
-       meanwhile stays queued for ``recv``, in order (a frame never overtakes an older one);
+    2. otherwise returns None, at once or after waiting (at most ``timeout``; with ``timeout``
+       None, an endpoint whose read cannot be interrupted may also return None after a step of
+       its own, so that what changed meanwhile is seen): what it read meanwhile stays queued
+       for ``recv``, in order (a frame never overtakes an older one);
     3. raises TransportClosed once ``peer``'s connection ended.
     """
 

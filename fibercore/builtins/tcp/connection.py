@@ -115,6 +115,8 @@ class Conn:
             iov: list[Any] = [_HEADER.pack(total), *parts]
             if block and deadline is None and not self.tls and len(iov) <= _IOV_MAX:
                 self.write_record(iov, total)  # the usual case: one call
+            elif not block and deadline is None and not self.tls and len(iov) <= _IOV_MAX:
+                self._try_record(iov, total)  # a queue's or a manager's replies: one call too
             else:
                 self._write_all([iov[0], *(v for v in map(_byte_view, parts) if v.nbytes)], block, deadline)
             return
@@ -147,8 +149,19 @@ class Conn:
         if n != total + 4:
             self._write_all(_after(iov, n), True, None)  # byte views only, none empty (a send of 0 bytes loops)
 
-    def _write_all(self, iov: list[Any], block: bool, deadline: float | None) -> None:
-        sent_any = False
+    def _try_record(self, iov: list[Any], total: int) -> None:
+        """:meth:`write_record` without waiting: TransportTimeout when the socket takes none of
+        it now; once a part is out, the rest within :data:`PARTIAL_WAIT` (as :meth:`_write_all`)."""
+        try:
+            n = self.sock.sendmsg(iov, [], _DONTWAIT)
+        except WOULD_BLOCK:
+            raise TransportTimeout(f"{self.label} cannot take a frame now") from None
+        except OSError as exc:
+            raise Gone(str(exc)) from None
+        if n != total + 4:
+            self._write_all(_after(iov, n), False, None, sent_any=True)
+
+    def _write_all(self, iov: list[Any], block: bool, deadline: float | None, sent_any: bool = False) -> None:
         started = not block and deadline is None  # a non-blocking write that got a part out ...
         while iov:
             try:
