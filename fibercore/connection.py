@@ -150,14 +150,15 @@ class Connection:
         """Next message; raises TransportTimeout after ``timeout``, EOFError at the end."""
         inbox = self._inbox
         if inbox.messages and self._readable and not self._closed:  # a batch's next message
-            return inbox.take()
-        if timeout is None:
-            line = self._network.line
-            if line is not None:  # connected, one peer, nothing buffered: the line
-                msg = line.recv()
-                if msg is not None:
-                    return msg
-        msg = self._next_through_layers(timeout)
+            msg = inbox.take()
+        else:
+            if timeout is None:
+                line = self._network.line
+                if line is not None:  # connected, one peer, nothing buffered: the line
+                    one = line.recv()  # (which tells the sender itself)
+                    if one is not None:
+                        return one
+            msg = self._next_through_layers(timeout)
         sender = self._network.sender
         if sender is not None:  # the next send answers this message: not part of a burst
             sender.last_put = 0.0

@@ -215,6 +215,19 @@ def test_a_network_frame_of_one_message_opens_at_once_and_a_batch_is_verified_on
             opener.open(frame)
 
 
+def test_a_peer_of_the_protocol_before_short_frames_is_refused_in_the_handshake():
+    """Version 4 knew no short frames and would misread them (its counters thrown off, every
+    later frame refused as a replay): its HELLO is refused before anything else happens."""
+    from fibercore.wire.handshake import MAGIC, Handshake, HandshakeFailed
+
+    assert MAGIC == b"FIBERv5\x00"
+    listener = Handshake(b"k" * 32, b"pair/pipe", b"i" * 16, True, "test", private=True)
+    dialer = Handshake(b"k" * 32, b"pair/pipe", None, False, "test", private=True)
+    hello = bytes(listener.start() or b"")
+    with pytest.raises(HandshakeFailed, match="another protocol version"):
+        dialer.feed(b"FIBERv4\x00" + hello[len(MAGIC):])
+
+
 def test_a_short_frame_is_one_byte_of_header_on_a_connected_pipe():
     """What a stepped simulator's message costs on the stream: its payload and five bytes (the
     record's length and the short frame's op), not a 64-byte counted header."""

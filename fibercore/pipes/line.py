@@ -116,6 +116,9 @@ class Line:
         finally:
             self._receiving.release()
         if len(messages) == 1 and messages[0][0] != CLOSE:
+            sender = self.sender
+            if sender is not None:  # the next send answers this message: not a burst
+                sender.last_put = 0.0
             return messages[0]
         inbox.file(messages, self.twin_still_writes)
         return None

@@ -287,9 +287,9 @@ class Opener:
 
     def _one(self, frame: memoryview, counter: int) -> tuple[int, list[memoryview]] | None:
         """:meth:`open_one` once the counter is the next: the message of an authentic frame of
-        one message of one part (read-only: one part is a pickle in band, or bytes, so nothing
-        in it is handed out to be written); None for a refused frame (:meth:`open` refuses it
-        again, and counts it) or one of several messages (kept for :meth:`open`)."""
+        one message of one part, in a writable buffer as every body :meth:`open` gives; None for
+        a refused frame (:meth:`open` refuses it again, and counts it) or one of several
+        messages (kept for :meth:`open`)."""
         try:
             clear = self._aead.decrypt(counter.to_bytes(12, "little"),
                                        b"".join((frame[TAG_SIZE + 8:], frame[:TAG_SIZE])), frame[TAG_SIZE:TAG_SIZE + 8])
@@ -302,7 +302,7 @@ class Opener:
             body[8:] = clear
             self._verified = (frame, counter, memoryview(body))
             return None
-        return op, [memoryview(clear)[40:]]
+        return op, [memoryview(bytearray(clear))[40:]]
 
     def _verify(self, view: memoryview, counter: int) -> memoryview:
         """The frame's body (counter, words, payload) in clear, into a new writable buffer."""

@@ -49,7 +49,9 @@ from typing import Any
 
 from fibercore.wire.frames import ClearOpener, ClearSealer, Opener, Sealer, StreamOpener, StreamSealer
 
-MAGIC = b"FIBERv4\x00"
+#: The protocol version (v5: a private stream's short frames, :mod:`fibercore.wire.frames`): a
+#: peer of another version is refused in the handshake, never left to misread frames.
+MAGIC = b"FIBERv5\x00"
 NONCE = 32
 MAC = 32
 IDENTITY = 16

@@ -230,9 +230,14 @@ class Admission:
         lane = self._lane
         if lane is not None and lane[0] is conn:  # its descriptor's number may soon be another's
             self._lane = None
-        conn.close()
-        if session is not None and self._peers.pop(session, None) is not None:
+        # Forgotten before it is closed: a line's reader looks for it in _sole before each read
+        # (and reads through the socket object, which refuses a closed one: never another
+        # file's descriptor that took its number).
+        known = session is not None and self._peers.pop(session, None) is not None
+        if known:
             self._sole = next(iter(self._peers.values())) if len(self._peers) == 1 else None
+        conn.close()
+        if known:
             for cb in list(self._callbacks):
                 try:
                     cb(session, False)

@@ -11,7 +11,6 @@ actually arrived, never with a claimed length.
 
 from __future__ import annotations
 
-import os
 import select
 import socket
 import ssl
@@ -42,7 +41,6 @@ _SCRATCH = 64 << 10  # read buffer of an authenticated connection (before: a han
 _IOV_MAX = 512
 WOULD_BLOCK = (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
 _DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0)
-_readv, _writev = os.readv, os.writev
 _TIMEVAL = struct.Struct("@ll")
 
 
@@ -92,6 +90,8 @@ class Conn:
         self._max_one = MAX_HANDSHAKE_FRAME  # the largest one-record frame: both limits hold
         self._scratch = bytearray(MAX_HANDSHAKE_FRAME + 4)  # grown once authenticated
         self.fd = sock.fileno()
+        self._recv_into_sock = sock.recv_into
+        self._sendmsg = sock.sendmsg
         self._header = bytearray(4)
         self._hpos = 0
         #: The buffer the record being read goes into, at [_bpos, _bend) (None: between records).
@@ -138,10 +138,10 @@ class Conn:
 
     def write_record(self, iov: list[Any], total: int) -> None:
         """Write one whole record (``iov``: its header, then ``total`` bytes) on a plain socket,
-        blocking: in one call when the socket's buffer takes it (os.writev: the same write as
-        sendmsg, for less Python), the rest as room comes."""
+        blocking: in one call when the socket's buffer takes it, the rest as room comes (through
+        the socket object, as every read: a closed one raises)."""
         try:
-            n = _writev(self.fd, iov)
+            n = self._sendmsg(iov)
         except WOULD_BLOCK:
             n = 0
         except OSError as exc:
@@ -297,13 +297,15 @@ class Conn:
     def _recv_into(self, view: memoryview | bytearray, wait: bool = False) -> int:
         try:
             if wait and not self.spin and not self.tls:  # the usual waiting read, looked at first
-                n = _readv(self.fd, [view])  # the same read as recv_into, for half its cost in Python
+                # Through the socket object, never its number: once the reactor closed it, this
+                # raises, where a read of the number could reach the file that took it over.
+                n = self._recv_into_sock(view)
             elif self.tls:
                 n = self.sock.recv_into(view)
             elif wait and self.spin > 0 and self.spin_gate.open():
                 n = self._spin_then_wait(view)
             elif wait:
-                n = _readv(self.fd, [view])
+                n = self._recv_into_sock(view)
             else:
                 n = self.sock.recv_into(view, 0, _DONTWAIT)
         except WOULD_BLOCK:

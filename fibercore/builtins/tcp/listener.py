@@ -294,16 +294,18 @@ class TcpListener(Admission):
                 or (timeout is not None and timeout <= 0)):
             return None
         step = LANE_STEP if timeout is None or timeout > LANE_STEP else timeout
-        if conn._rcvtimeo != step:
-            conn.wait_at_most(step)
         try:
+            if conn._rcvtimeo != step:
+                conn.wait_at_most(step)
             frame = conn.read_one(deliver, True)
         except WOULD_BLOCK:  # the step passed
             return None
-        except (Broken, OSError, ValueError):
+        except (Broken, OSError, ValueError):  # ended, or closed meanwhile by the reactor
             self._unwatch(conn)
             self._reactor.call(lambda: self._drop(conn))
             return None
+        if self._spin > 0:  # what the selector's spinning decides on
+            self._last_frame = time.perf_counter()
         if self._inbox and self._waiters:  # that read brought more: another thread waits for it
             with self._cv:
                 self._cv.notify(len(self._inbox))
