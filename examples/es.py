@@ -1,3 +1,4 @@
+# requires: nothing beyond fibercore
 """Evolution strategies with a job-backed Pool: the paper's ``pool.map(evaluate, thetas)``.
 
     scripts/run examples/es.py                  # local processes

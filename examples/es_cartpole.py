@@ -1,3 +1,5 @@
+# requires: gymnasium numpy
+# optional: matplotlib (the --plot PNG)
 """Evolution Strategies on gymnasium's CartPole with a job-backed Pool (the paper's ES pattern).
 
     scripts/run examples/es_cartpole.py                       # 20 generations, 4 workers
@@ -8,7 +10,7 @@ As in Salimans et al. (2017) and the Fiber paper: a linear numpy policy, a **sha
 table** that every worker builds once in the pool's initializer from a seed (so a task carries
 an index into it, not a noise vector), mirrored sampling, centred ranks. Each generation is one
 ``pool.map``; a dead worker's evaluations rerun elsewhere. The mean reward of each generation
-is printed and its curve saved as a PNG (``--plot``; needs matplotlib).
+is printed, and the curve saved as CSV and then a PNG (``--plot``; the PNG needs matplotlib).
 """
 
 from __future__ import annotations
@@ -89,7 +91,13 @@ def train(generations: int, population: int, workers: int, sigma: float = 0.1, l
 
 
 def plot(curve: list[float], path: str) -> None:
-    import matplotlib
+    """The reward curve as a PNG; without matplotlib, one line that says how to get it (the
+    curve itself was printed and saved beside it already)."""
+    try:
+        import matplotlib
+    except ImportError:
+        print(f"no plot: matplotlib is not installed (pip install matplotlib); the curve is in {path}.csv")
+        return
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -118,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     first, last = curve[0], max(curve[-3:])
     print(f"mean reward: generation 0 {first:.1f} -> best of the last three {last:.1f}")
     if args.plot:
+        with open(args.plot + ".csv", "w") as fh:  # the work first, the optional picture after
+            fh.write("generation,mean_reward\n" + "".join(f"{g},{r:.3f}\n" for g, r in enumerate(curve)))
         plot(curve, args.plot)
     return 0
 

@@ -1,3 +1,4 @@
+# requires: cma
 """pycma's ask/tell loop with its evaluations on ``fibercore.Executor`` (jobs on the backend).
 
     scripts/run examples/executor_cma.py                    # Rastrigin in 10-D, 4 workers

@@ -1,3 +1,4 @@
+# requires: nothing beyond fibercore
 """concurrent.futures on fibercore jobs: ProcessPoolExecutor with fibercore's context.
 
     scripts/run examples/futures_executor.py

@@ -1,3 +1,4 @@
+# requires: nothing beyond fibercore
 """A plain multiprocessing program; the only changed line is the import.
 
     scripts/run examples/mp_unmodified.py

@@ -1,3 +1,4 @@
+# requires: gymnasium numpy
 """SGD of a linear numpy policy on CartPole through a parameter server, in its three modes.
 
     scripts/run examples/paramserver_cartpole.py                      # 4 workers, 25 rounds each

@@ -1,3 +1,4 @@
+# requires: tqdm
 """A progress bar over a job-backed Pool: one argument (or the config key ``pool_progress``).
 
     pip install tqdm

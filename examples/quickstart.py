@@ -1,3 +1,4 @@
+# requires: nothing beyond fibercore
 """Estimate pi with job-backed processes: the same code runs on any backend.
 
     scripts/run                                # local processes

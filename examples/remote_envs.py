@@ -1,3 +1,4 @@
+# requires: gymnasium numpy
 """The Fiber paper's RL pattern: gymnasium environments behind an AsyncManager, stepped in parallel.
 
     scripts/run examples/remote_envs.py

@@ -1,3 +1,4 @@
+# requires: torch
 """Distributed averaging with torch.distributed (gloo) on a fibercore Ring.
 
     pip install torch          # the CPU build is enough

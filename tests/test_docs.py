@@ -75,6 +75,26 @@ def test_every_example_is_listed_and_run_by_the_tests():
         assert path.name in tested, f"examples/{path.name} is not run by tests/test_examples.py"
 
 
+def test_no_page_links_to_a_file_the_site_leaves_out():
+    """``docs/perf/*.md`` are left out of the site (mkdocs.yml's exclude_docs; pages include
+    them): a link to one would be a 404 on the built site, as ``perf/transports.md`` was."""
+    bad = [f"{page.name}: {target}" for page in sorted(DOCS.glob("*.md"))
+           for target in re.findall(r"\]\((perf/[^)#]+\.md)[)#]", page.read_text())]
+    assert not bad, f"links to pages that are not built: {bad}"
+
+
+def test_the_getting_started_code_fits_the_page():
+    """A newcomer's first page: no line of a code block is wider than the site's code column
+    (88 characters), so no command or comment runs off the right edge."""
+    wide, inside = [], False
+    for number, line in enumerate((DOCS / "getting-started.md").read_text().splitlines(), 1):
+        if line.startswith("```"):
+            inside = not inside
+        elif inside and len(line) > 88:
+            wide.append(f"line {number}: {len(line)} characters")
+    assert not wide, wide
+
+
 def test_the_site_builds_strict(tmp_path):
     mkdocs = shutil.which("mkdocs", path=str(Path(sys.executable).parent)) or shutil.which("mkdocs")
     if mkdocs is None:

@@ -31,6 +31,8 @@ def test_es_on_cartpole_improves_the_reward_and_saves_its_curve(tmp_path):
     assert max(rewards[-3:]) > 2 * rewards[0] and max(rewards[-3:]) > 50, out
     data = png.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+    curve = (tmp_path / "es_cartpole.png.csv").read_text().splitlines()  # saved before the picture
+    assert curve[0] == "generation,mean_reward" and len(curve) == 9
     artifacts = os.environ.get("FIBER_TEST_ARTIFACTS")
     if artifacts:  # CI keeps the picture
         pathlib.Path(artifacts).mkdir(parents=True, exist_ok=True)
@@ -88,3 +90,33 @@ def test_pycma_through_the_executor_improves(tmp_path):
 def test_the_other_examples_run(tmp_path, name, expect):
     out = run(EXAMPLES / name, cwd=tmp_path)
     assert re.search(expect, out, re.I), out
+
+
+def test_every_example_says_what_it_needs_and_the_examples_page_repeats_it():
+    """Each example's first lines name what it imports beyond fibercore (``# requires:``), and
+    docs/examples.md shows the same for it: a newcomer knows before running it."""
+    page = (EXAMPLES.parent / "docs" / "examples.md").read_text()
+    for example in sorted(EXAMPLES.glob("*.py")):
+        head = example.read_text().splitlines()[:3]
+        (line,) = [x for x in head if x.startswith("# requires: ")]
+        need = line.removeprefix("# requires: ")
+        row = [r for r in page.splitlines() if r.startswith(f"| `examples/{example.name}`")]
+        assert row, f"docs/examples.md has no row for {example.name}"
+        shown = "—" if need.startswith("nothing") else ", ".join(f"`{m}`" for m in need.split())
+        assert f"| {shown} |" in row[0], f"{example.name}: the page should say it needs {shown}"
+
+
+def test_scripts_run_says_in_one_line_what_an_example_lacks(tmp_path):
+    """A program whose ``# requires:`` names a module that is not installed: scripts/run says
+    which, and the command that installs it, in one line, with exit code 2; nothing runs."""
+    program = tmp_path / "needs.py"
+    program.write_text("# requires: numpy no_such_module_for_fibercore\nprint('ran')\n")
+    root = EXAMPLES.parent
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FIBER_")}
+    env["FIBER_VENV"] = str(pathlib.Path(sys.executable).parent.parent)
+    done = subprocess.run([str(root / "scripts" / "run"), "needs.py"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith("scripts/run: needs.py needs no_such_module_for_fibercore: install with ")
+    assert "pip install -c " in done.stderr and "constraints.txt no_such_module_for_fibercore" in done.stderr

@@ -218,3 +218,21 @@ def test_the_readme_says_the_project_is_not_on_a_package_index():
     assert "not on a package index yet" in readme
     assert "scripts/wheels" in readme and "--find-links dist/" in readme
     assert re.search(r"^pip install fibercore fiber-k8s --find-links dist/", readme, re.M)
+
+
+def test_the_readme_says_what_scripts_test_installs_and_starts_and_how_to_run_without_it():
+    """Every package scripts/test may apt-install, and that it starts a dockerd and builds
+    Kubernetes, is said beside the two commands; so is the switch that changes nothing on the
+    machine, which scripts/test honours for each of those steps."""
+    script = (ROOT / "scripts" / "test").read_text()
+    readme = (ROOT / "README.md").read_text()
+    two_commands = readme.split("## The two commands", 1)[1].split("\n## ", 1)[0]
+    packages = set(re.findall(r'missing="\$missing ([a-z0-9.-]+)"', script))
+    assert {"docker.io", "slurm-wlm", "chromium"} <= packages
+    for package in sorted(packages):
+        assert f"`{package}`" in two_commands, f"the README does not say scripts/test installs {package}"
+    assert "dockerd" in two_commands and "Kubernetes" in two_commands and "torch" in two_commands
+    assert "FIBER_TEST_NO_SYSTEM=1 scripts/test" in two_commands
+    guarded = [line for line in script.splitlines()
+               if line.startswith("if ") and ("apt-get" in line or "docker info" in line)]
+    assert guarded and all('[ -n "$SYSTEM" ]' in line for line in guarded), guarded

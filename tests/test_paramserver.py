@@ -471,3 +471,13 @@ def test_a_job_declared_lost_leaves_the_rounds_at_once():
         for p in procs:
             p.kill()
             p.join(30)
+
+
+def test_stats_has_every_documented_counter_from_the_start():
+    """A fresh server's ``stats()`` names every counter the docs promise, each 0, so a
+    program reading ``stats()["members_lost"]`` before anything was lost gets 0, not KeyError."""
+    ps = mp.ParameterServer({"w": np.zeros(2)}, staleness=0, lr=1.0, workers=1)
+    stats = ps.stats()
+    for key in ("members_lost", "late", "dropped_late", "rounds_timed_out", "board_pulls", "pushed", "applied"):
+        assert stats[key] == 0, key
+    assert stats["version"] == 0

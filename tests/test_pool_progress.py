@@ -51,11 +51,54 @@ def test_imap_unordered_and_starmap_bars(pool):
     assert last_count(buf.getvalue()) == "30/30"
 
 
-def test_a_failing_chunk_still_advances_the_bar(pool):
+def test_a_failing_chunk_does_not_advance_the_bar(pool):
+    """The bar counts tasks that finished (issue 50: it never claims what did not happen): the
+    chunk whose task raised (items 6-8) is not counted, the 17 others are, and the bar ends
+    there, closed, where it was."""
     buf = io.StringIO()
     with pytest.raises(T.TaskError):
         pool.starmap(T.square_or_raise, [(x, frozenset({7})) for x in range(20)], chunksize=3, progress={"file": buf})
-    assert last_count(buf.getvalue()) == "20/20"
+    assert last_count(buf.getvalue()) == "17/20"
+
+
+def test_a_bar_never_jumps_to_its_end_when_chunks_are_given_up():
+    """What terminate() or Ctrl-C gives up comes back as failed chunks: the bar stays at what
+    had finished (0 here), is closed once, and says nothing of the rest."""
+    from fibercore.pool.progress import PlainBar, Progress
+    from fibercore.pool.results import MapResult
+
+    buf = io.StringIO()
+    bar = Progress("map", 2000, {"file": buf})
+    assert isinstance(bar._bar, (PlainBar,)) or hasattr(bar._bar, "n")
+    result = MapResult(250, 2000)
+    result._show(bar)
+    for index in range(8):
+        result._set(index, False, KeyboardInterrupt())
+    assert bar._closed and bar._bar.n == 0
+    assert "2000/2000" not in buf.getvalue() and "100%" not in buf.getvalue()
+
+
+def test_with_a_bar_and_no_chunksize_a_map_is_cut_finer_so_the_bar_moves(pool):
+    """multiprocessing's default cuts 2,000 tasks on 2 workers into 8 chunks of 250: a bar
+    would move 8 times. With a bar the default is 8 times finer; without one, unchanged."""
+    seen = []
+    buf = io.StringIO()
+    assert pool.map(T.square, range(2000), progress={"file": buf}) == [x * x for x in range(2000)]
+    from fibercore.pool.results import MapResult
+
+    original = MapResult.__init__
+
+    def spy(self, chunksize, length, *args, **kwargs):  # type: ignore[no-untyped-def]
+        seen.append(chunksize)
+        original(self, chunksize, length, *args, **kwargs)
+
+    MapResult.__init__ = spy  # type: ignore[method-assign]
+    try:
+        pool.map(T.square, range(2000), progress={"file": io.StringIO()})
+        pool.map(T.square, range(2000))
+    finally:
+        MapResult.__init__ = original  # type: ignore[method-assign]
+    assert seen == [32, 250], seen
 
 
 def test_off_by_default_and_pool_or_config_turn_it_on(fresh_runtime, capsys):
@@ -86,3 +129,49 @@ def test_without_tqdm_a_plain_counter_shows_progress(pool, monkeypatch, capsys):
 def test_a_bad_progress_value_is_a_type_error(pool):
     with pytest.raises(TypeError, match="progress must be"):
         pool.map(T.square, range(3), progress="yes")
+
+
+_INTERRUPTED = """
+import functools, sys
+import fibercore as mp
+from tests import pool_tasks as T
+
+if __name__ == "__main__":
+    with mp.Pool(2) as pool:
+        print("started", flush=True)
+        pool.map(functools.partial(T.slow_square, seconds=0.05), range(400),
+                 progress={"file": sys.stdout, "ncols": 80, "mininterval": 0})
+"""
+
+
+def test_ctrl_c_in_the_middle_of_a_map_leaves_the_bar_where_it_was(tmp_path):
+    """SIGINT (Ctrl-C) to a program whose map shows a bar, once a few tasks finished: the bar's
+    last count is what had finished, never the total (a false 400/400 was drawn before)."""
+    import os
+    import signal
+    import subprocess
+    import time
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    script = tmp_path / "interrupted.py"
+    script.write_text(_INTERRUPTED)
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=env, cwd=tmp_path)
+    assert proc.stdout is not None
+    out = b""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # wait for the bar to show some finished tasks
+        out += os.read(proc.stdout.fileno(), 4096)
+        counts = [int(c) for c in re.findall(rb"(\d+)/400", out)]
+        if counts and max(counts) >= 8:
+            break
+    else:
+        proc.kill()
+        raise AssertionError(f"the bar never moved: {out!r}")
+    proc.send_signal(signal.SIGINT)
+    rest, _err = proc.communicate(timeout=60)
+    counts = [int(c) for c in re.findall(rb"(\d+)/400", out + rest)]
+    assert counts and max(counts) < 400, (out + rest)[-2000:]
+    assert b"100%" not in out + rest

@@ -43,6 +43,9 @@ Aggregate = Callable[[list[Params]], Params]
 Apply = Callable[[Params, Params], Params]
 #: Events kept for ``history()`` (each a small tuple).
 HISTORY = 100_000
+#: The counters ``stats()`` gives, each from 0: what a worker reads without a KeyError.
+STAT_KEYS = ("joined", "pushed", "applied", "late", "dropped_late", "members_lost", "rounds_timed_out",
+             "board_pulls", "relay_pulls", "pulled_bytes", "host_fetches", "relayed_bytes")
 
 
 def mean(gradients: list[Params]) -> Params:
@@ -149,7 +152,8 @@ class ParamState(State):
         self.opened = self.now()  # when the open round (BSP) began
         self.waiting: list[tuple[Waiter, str, Any, float]] = []  # (waiter, op, argument, since)
         self.watchers: list[tuple[Waiter, int]] = []  # params(newer_than=...) calls
-        self.stats: Counter[str] = Counter()
+        # Every counter stats() documents is there from the start (0), not only once it counted.
+        self.stats: Counter[str] = Counter(dict.fromkeys(STAT_KEYS, 0))
         self.history: deque[tuple[Any, ...]] = deque(maxlen=HISTORY)
         self._arm_round()
 

@@ -19,7 +19,7 @@ from typing import Any
 from fibercore import lifetime
 from fibercore.observe import registry
 from fibercore.pool import protocol as P
-from fibercore.pool.progress import Progress, ProgressArg
+from fibercore.pool.progress import PROGRESS_CHUNKS, Progress, ProgressArg
 from fibercore.pool.progress import resolve as resolve_progress
 from fibercore.pool.records import CLOSE, RUN, TERMINATE
 from fibercore.pool.results import (
@@ -197,16 +197,16 @@ class Pool:
         if not hasattr(iterable, "__len__"):
             iterable = list(iterable)
         length = len(iterable)  # type: ignore[arg-type]
-        if chunksize is None:
-            chunksize, extra = divmod(length, max(1, core.target) * 4)
+        if chunksize is not None and chunksize < 1:
+            raise ValueError(f"Chunksize must be 1+, not {chunksize:n}")
+        bar = self._bar(progress, what, length)
+        if chunksize is None:  # as multiprocessing: 4 chunks a worker (a bar: 8 times more, to move)
+            chunksize, extra = divmod(length, max(1, core.target) * 4 * (PROGRESS_CHUNKS if bar is not None else 1))
             if extra:
                 chunksize += 1
-        elif chunksize < 1:
-            raise ValueError(f"Chunksize must be 1+, not {chunksize:n}")
         if length == 0:
             chunksize = 0
         result = MapResult(chunksize, length, callback, error_callback)
-        bar = self._bar(progress, what, length)
         if bar is not None:
             result._show(bar)
         if length:

@@ -3,7 +3,10 @@
 Off by default. ``Pool(progress=True)``, ``pool.map(f, xs, progress=True)`` or the config
 key ``pool_progress`` turns it on; a dict (``progress={"desc": "rollouts"}``) is passed to
 ``tqdm`` as keyword arguments. The bar is advanced from the pool's result thread, by the
-number of items of each finished chunk, and closed when the call's last chunk is in.
+number of items of each finished chunk, and closed when the call's last chunk is in; a chunk
+that failed (a task raised, or the pool was terminated or interrupted) does not advance it.
+Without a ``chunksize``, a map with a bar cuts its input into 8 times more chunks than
+without (``PROGRESS_CHUNKS``), so that the bar moves.
 
 With tqdm installed (``pip install 'fibercore[progress]'``) the bar is tqdm's (notebooks
 too); without it, a plain one-line counter on stderr (``desc``, ``total``, ``unit`` and ``file``
@@ -18,6 +21,9 @@ import time
 from typing import Any
 
 ProgressArg = bool | dict[str, Any] | None
+#: How many times more chunks a map with a bar and no ``chunksize`` is cut into (32 a worker,
+#: against multiprocessing's 4): the bar moves in steps of 1/32 of a worker's share.
+PROGRESS_CHUNKS = 8
 
 
 def resolve(call: ProgressArg, pool: ProgressArg, config_value: bool | None) -> dict[str, Any] | None:
@@ -52,11 +58,14 @@ class Progress:
         self._closed = False
 
     def items(self, n: int) -> None:
-        """A chunk of ``n`` items has finished."""
+        """A chunk of ``n`` items has finished (``n`` 0: a chunk that failed, or was given up
+        when the pool was terminated or interrupted: the bar counts finished tasks only, so it
+        stops where it was, and never jumps to its end)."""
         with self._lock:
             if self._closed:
                 return
-            self._bar.update(n)
+            if n:
+                self._bar.update(n)
             self._chunks_done += 1
             if self._chunks_done == self._chunks_total:
                 self._close()

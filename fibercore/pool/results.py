@@ -51,7 +51,7 @@ class MapResult(ApplyResult[list[Any]]):
 
     def _set(self, index: int, ok: bool, value: Any) -> None:
         if self._progress is not None:
-            self._progress.items(len(value) if ok else min(self._chunksize, self._length - index * self._chunksize))
+            self._progress.items(len(value) if ok else 0)
         with self._lock:
             self._number_left -= 1
             left = self._number_left
@@ -127,7 +127,7 @@ class IMapIterator(Iterator[Any]):
 
     def _set(self, index: int, ok: bool, value: Any) -> None:
         if self._progress is not None:
-            self._progress.items(len(value) if ok else self._chunksize)
+            self._progress.items(len(value) if ok else 0)
         with self._cond:
             if index == self._index:
                 self._push((ok, value))
@@ -151,7 +151,7 @@ class IMapUnorderedIterator(IMapIterator):
 
     def _set(self, index: int, ok: bool, value: Any) -> None:
         if self._progress is not None:
-            self._progress.items(len(value) if ok else self._chunksize)
+            self._progress.items(len(value) if ok else 0)
         with self._cond:
             self._push((ok, value))
 
