@@ -1,5 +1,6 @@
 # requires: nothing beyond fibercore
-"""A plain multiprocessing program; the only changed line is the import.
+"""A plain multiprocessing program; the only changed line is the import (the comment above is
+what scripts/run reads: what the program needs).
 
     scripts/run examples/mp_unmodified.py
     FIBER_BACKEND=docker scripts/run examples/mp_unmodified.py

@@ -1,4 +1,5 @@
-# requires: tqdm
+# requires: nothing beyond fibercore
+# optional: tqdm (a tqdm bar; without it, a plain counter)
 """A progress bar over a job-backed Pool: one argument (or the config key ``pool_progress``).
 
     pip install tqdm

@@ -120,6 +120,7 @@ class Pool:
         self._progress = progress
         self._progress_config = bool(cfg.get("pool_progress"))
         self._processes = processes
+        self._maxtasks = maxtasksperchild  # (it counts chunks: a bar must not change how many)
         self._name = f"Pool-{next(_pool_numbers)}"
         initargs = tuple(initargs)
         if initializer is not None:
@@ -200,8 +201,10 @@ class Pool:
         if chunksize is not None and chunksize < 1:
             raise ValueError(f"Chunksize must be 1+, not {chunksize:n}")
         bar = self._bar(progress, what, length)
-        if chunksize is None:  # as multiprocessing: 4 chunks a worker (a bar: 8 times more, to move)
-            chunksize, extra = divmod(length, max(1, core.target) * 4 * (PROGRESS_CHUNKS if bar is not None else 1))
+        if chunksize is None:  # as multiprocessing: 4 chunks a worker (a bar: 8 times more, to move,
+            # unless workers are replaced after so many chunks: a bar must not replace them more often)
+            finer = PROGRESS_CHUNKS if bar is not None and self._maxtasks is None else 1
+            chunksize, extra = divmod(length, max(1, core.target) * 4 * finer)
             if extra:
                 chunksize += 1
         if length == 0:

@@ -3,10 +3,11 @@
 Off by default. ``Pool(progress=True)``, ``pool.map(f, xs, progress=True)`` or the config
 key ``pool_progress`` turns it on; a dict (``progress={"desc": "rollouts"}``) is passed to
 ``tqdm`` as keyword arguments. The bar is advanced from the pool's result thread, by the
-number of items of each finished chunk, and closed when the call's last chunk is in; a chunk
-that failed (a task raised, or the pool was terminated or interrupted) does not advance it.
-Without a ``chunksize``, a map with a bar cuts its input into 8 times more chunks than
-without (``PROGRESS_CHUNKS``), so that the bar moves.
+number of items of each chunk that succeeded, and closed when the call's last chunk is in; a
+chunk that failed (a task raised, or the pool was terminated or interrupted) does not advance
+it. Without a ``chunksize`` (and without ``maxtasksperchild``, which counts chunks), a map with
+a bar cuts its input into 8 times more chunks than without (``PROGRESS_CHUNKS``), so that the
+bar moves.
 
 With tqdm installed (``pip install 'fibercore[progress]'``) the bar is tqdm's (notebooks
 too); without it, a plain one-line counter on stderr (``desc``, ``total``, ``unit`` and ``file``
