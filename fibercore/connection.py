@@ -149,15 +149,14 @@ class Connection:
     def _next(self, timeout: float | None) -> Message:
         """Next message; raises TransportTimeout after ``timeout``, EOFError at the end."""
         inbox = self._inbox
+        msg: Message | None = None
         if inbox.messages and self._readable and not self._closed:  # a batch's next message
             msg = inbox.take()
-        else:
-            if timeout is None:
-                line = self._network.line
-                if line is not None:  # connected, one peer, nothing buffered: the line
-                    one = line.recv()  # (which tells the sender itself)
-                    if one is not None:
-                        return one
+        elif timeout is None:
+            line = self._network.line
+            if line is not None:  # connected, one peer, nothing buffered: the line
+                msg = line.recv()
+        if msg is None:
             msg = self._next_through_layers(timeout)
         sender = self._network.sender
         if sender is not None:  # the next send answers this message: not part of a burst

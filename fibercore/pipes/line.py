@@ -102,9 +102,6 @@ class Line:
                 return None
             one = self._open_one(frame)
             if one is not None and one[0] != CLOSE:
-                sender = self.sender
-                if sender is not None:  # the next send answers this message: not a burst
-                    sender.last_put = 0.0
                 return one
             messages = self._open(frame) if one is None else [one]
         except TransportClosed:
@@ -116,9 +113,6 @@ class Line:
         finally:
             self._receiving.release()
         if len(messages) == 1 and messages[0][0] != CLOSE:
-            sender = self.sender
-            if sender is not None:  # the next send answers this message: not a burst
-                sender.last_put = 0.0
             return messages[0]
         inbox.file(messages, self.twin_still_writes)
         return None

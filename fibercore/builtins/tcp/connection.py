@@ -113,10 +113,8 @@ class Conn:
             total += part.nbytes if type(part) is memoryview else len(part)
         if total <= RECORD_MAX:
             iov: list[Any] = [_HEADER.pack(total), *parts]
-            if block and deadline is None and not self.tls and len(iov) <= _IOV_MAX:
-                self.write_record(iov, total)  # the usual case: one call
-            elif not block and deadline is None and not self.tls and len(iov) <= _IOV_MAX:
-                self._try_record(iov, total)  # a queue's or a manager's replies: one call too
+            if deadline is None and not self.tls and len(iov) <= _IOV_MAX:  # the usual case: one call
+                (self.write_record if block else self._try_record)(iov, total)
             else:
                 self._write_all([iov[0], *(v for v in map(_byte_view, parts) if v.nbytes)], block, deadline)
             return
@@ -296,18 +294,14 @@ class Conn:
 
     def _recv_into(self, view: memoryview | bytearray, wait: bool = False) -> int:
         try:
-            if wait and not self.spin and not self.tls:  # the usual waiting read, looked at first
-                # Through the socket object, never its number: once the reactor closed it, this
-                # raises, where a read of the number could reach the file that took it over.
-                n = self._recv_into_sock(view)
-            elif self.tls:
+            if self.tls:
                 n = self.sock.recv_into(view)
-            elif wait and self.spin > 0 and self.spin_gate.open():
-                n = self._spin_then_wait(view)
-            elif wait:
-                n = self._recv_into_sock(view)
-            else:
+            elif not wait:
                 n = self.sock.recv_into(view, 0, _DONTWAIT)
+            elif self.spin > 0 and self.spin_gate.open():
+                n = self._spin_then_wait(view)
+            else:  # through the socket object, never its number: once the reactor closed it, this
+                n = self._recv_into_sock(view)  # raises, where a read of the number could reach another file
         except WOULD_BLOCK:
             raise
         except OSError as exc:

@@ -272,13 +272,12 @@ class TcpListener(Admission):
         return self._lane
 
     def line(self, peer: Hashable) -> Line | None:
-        """:class:`fibercore.transport.LineEndpoint`: ``peer``'s plain connection (None for
-        a TLS one, or a peer that is gone)."""
-        conn = self._peers.get(peer)  # type: ignore[call-overload]
-        if conn is None or conn.tls:
+        """:class:`fibercore.transport.LineEndpoint`: ``peer``'s plain connection, read as
+        :meth:`recv_frame` reads it (None for a TLS one, a peer that is gone, a closed listener)."""
+        lane = self._lane_to(peer)
+        if lane is None:
             return None
-        deliver: Callable[[memoryview], None] = lambda f: self._inbox.append((f, peer))  # type: ignore[arg-type]  # noqa: E731
-        return Line(conn, self._broken_line, functools.partial(self._read_line, conn, deliver))
+        return Line(lane[0], self._broken_line, functools.partial(self._read_line, lane[0], lane[1]))
 
     def _read_line(self, conn: Conn, deliver: Callable[[memoryview], None], timeout: float | None,
                    peer: Hashable = None) -> memoryview | None:
