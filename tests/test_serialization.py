@@ -198,6 +198,25 @@ def test_network_frames_are_encrypted_and_any_flip_in_a_big_one_is_detected(size
         unseal(KEY, bytes(broken))
 
 
+@settings(deadline=None, max_examples=40)
+@given(st.sampled_from([70_000, (1 << 20) - 900, 1 << 20, (1 << 20) + 100, (2 << 20) + 1030, 3 << 20]),
+       st.integers(min_value=0))
+def test_a_big_frame_in_writable_memory_is_opened_in_place_and_any_flip_is_detected(size, pos):
+    """A frame read from a socket is writable: a big one is decrypted over itself (no second
+    copy of it in new memory), step by step and its last bytes apart; what comes out is the
+    payload, in the frame's own memory; a flipped bit anywhere fails."""
+    payload = bytes(range(256)) * (size // 256 + 1)
+    payload = payload[:size]
+    frame = bytearray(seal(KEY, [(1, [b"head", payload])]))
+    [(op, parts)] = Opener(KEY).open(memoryview(frame))
+    assert op == 1 and bytes(parts[0]) == b"head" and bytes(parts[1]) == payload
+    assert parts[1].obj is frame  # in place: a view of the frame, not a new buffer
+    broken = bytearray(seal(KEY, [(1, [b"head", payload])]))
+    broken[pos % len(broken)] ^= 0x04
+    with pytest.raises(BadFrame):
+        Opener(KEY).open(memoryview(broken))
+
+
 def test_wrong_key_is_rejected():
     frame = seal(KEY, [(1, [b"x"])])
     with pytest.raises(BadFrame):

@@ -95,32 +95,42 @@ def test_many_small_frames_read_together_and_a_big_one_split_across_reads(pair):
 
 
 @pytest.mark.builtin_transport  # the built-in transport's record reader
-def test_a_frame_of_many_records_is_held_once_while_it_is_read(pair):
-    """A 20 MB frame (five records) is read into one buffer grown in place: the reader's
-    memory peaks at the frame plus at most a record (it was twice the frame: the records,
-    then their join)."""
+@pytest.mark.parametrize("path", ["unix", "tcp"])
+def test_a_frame_of_many_records_is_held_once_while_it_is_read(path, monkeypatch):
+    """A 20 MB frame (five records) is read into one anonymous mapping grown in place and,
+    over the network, decrypted over itself: the message is a view of that one mapping of the
+    frame's size, and the reader allocates under a record besides (it held the frame twice
+    once: the records, then their join; then a zero-filled copy, then the clear text)."""
+    import mmap
     import tracemalloc
 
-    listener, dialler, peer = pair
+    from fibercore.builtins.tcp import local as tcp_local
+    from tests.helpers import connected_router
+
+    monkeypatch.setattr(tcp_local, "LOCAL_SOCKETS", path == "unix")
+    listener, dialler, peer = connected_router(get_runtime())
     big = np.arange(20 * 2**20 // 8, dtype=np.float64)
-    ready = threading.Event()
-
-    def send() -> None:
-        ready.wait(10)
-        listener.send([(5, [memoryview(big)])], peer)
-
-    sender = threading.Thread(target=send)
+    sealed = threading.Event()  # the sender's sealed copy (in this process) is not the reader's
+    seal = peer.sealer.seal
+    peer.sealer.seal = lambda messages: (seal(messages), sealed.set())[0]
+    sender = threading.Thread(target=listener.send, args=([(5, [memoryview(big)])], peer))
     sender.start()
-    tracemalloc.start()
     try:
-        ready.set()
-        [(op, got)], _ = dialler.recv(30)
-        _, peak = tracemalloc.get_traced_memory()
+        assert sealed.wait(30)
+        tracemalloc.start()
+        try:
+            [(op, got)], _ = dialler.recv(30)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        sender.join(10)
+        assert op == 5 and np.array_equal(np.frombuffer(got[0], dtype=np.float64), big)
+        frame = got[0].obj
+        assert isinstance(frame, mmap.mmap) and big.nbytes < len(frame) < big.nbytes + 4096, type(frame)
+        assert peak < 1 << 20, f"the reader allocated {peak / 2**20:.1f} MB besides the frame"
     finally:
-        tracemalloc.stop()
-    sender.join(10)
-    assert op == 5 and np.array_equal(np.frombuffer(got[0], dtype=np.float64), big)
-    assert peak < big.nbytes + (4 << 20) + (1 << 20), f"the reader held {peak / 2**20:.1f} MB for a 20 MB frame"
+        dialler.close()
+        listener.close()
 
 
 def test_non_blocking_sends_of_big_frames_to_a_slow_reader_arrive_whole(pair):

@@ -60,6 +60,8 @@ log = logging.getLogger("fibercore.wire")
 TAG_SIZE = 16
 _BIG = sys.byteorder == "big"
 _ONE_SHOT_MAX = 64 << 10  # smaller frames are joined and tagged in one call
+_IN_PLACE_STEP = 1 << 20  # a large frame is decrypted over itself this much at a time ...
+_IN_PLACE_TAIL = 1 << 10  # ... but for its last bytes, decrypted into a copy
 _FIXED_WORDS = 3  # counter, nwords, nmsgs
 #: Pickles below this size in a frame of many messages are joined into one payload part:
 #: one copy in C instead of a part each for the writer to walk in Python (a queue's grant
@@ -322,14 +324,31 @@ class Opener:
         except (ValueError, OverflowError):
             raise BadFrame("bad counter") from None
         dec.authenticate_additional_data(view[TAG_SIZE:head])
-        body = bytearray(len(view) - TAG_SIZE + 15)  # update_into wants a block's slack
-        body[:8] = view[TAG_SIZE:head]
-        n = dec.update_into(view[head:], memoryview(body)[8:])
+        if view.readonly:
+            body = bytearray(len(view) - TAG_SIZE + 15)  # update_into wants a block's slack
+            body[:8] = view[TAG_SIZE:head]
+            n = dec.update_into(view[head:], memoryview(body)[8:])
+            opened = memoryview(body)[:8 + n]
+        else:  # in place: a large frame is not written out a second time into new memory
+            _decrypt_in_place(dec, view[head:])
+            opened = view[TAG_SIZE:]
         try:
             dec.finalize()
         except InvalidTag:
             raise BadFrame("bad authentication tag") from None
-        return memoryview(body)[:8 + n]
+        return opened
+
+
+def _decrypt_in_place(dec: Any, data: memoryview) -> None:
+    """Decrypt ``data`` over itself, a step at a time (``update_into`` wants room for a block
+    more than it is given, which the rest of the buffer provides; the last step is copied)."""
+    end = len(data) - _IN_PLACE_TAIL
+    pos = 0
+    while pos < end:
+        step = min(_IN_PLACE_STEP, end - pos)
+        dec.update_into(data[pos:pos + step], data[pos:])
+        pos += step
+    data[pos:] = dec.update(data[pos:])
 
 
 _NO_TAG = bytes(TAG_SIZE)

@@ -11,10 +11,12 @@ actually arrived, never with a claimed length.
 
 from __future__ import annotations
 
+import mmap
 import select
 import socket
 import ssl
 import struct
+import sys
 import threading
 import time
 from collections.abc import Callable, Hashable
@@ -36,6 +38,8 @@ PUMP_BYTES = 4 << 20
 #: Largest record on the stream; bigger frames are sent as several records.
 RECORD_MAX = 4 << 20
 _MORE = 1 << 31
+#: A frame of several records grows by remapping its memory (without mremap: a bytearray).
+_REMAP = sys.platform.startswith("linux")
 _HEADER = struct.Struct("<I")
 _SCRATCH = 64 << 10  # read buffer of an authenticated connection (before: a handshake frame's size)
 _IOV_MAX = 512
@@ -70,6 +74,27 @@ def _after(iov: list[Any], n: int) -> list[Any]:
     return rest
 
 
+def _frame_buffer(size: int) -> mmap.mmap | bytearray:
+    """Memory for the first record of a frame of several: private anonymous memory that
+    :func:`_grown` remaps in place (Linux's ``mremap``); elsewhere a bytearray."""
+    return mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE) if _REMAP else bytearray(size)
+
+
+def _grown(frame: mmap.mmap | bytearray, size: int) -> mmap.mmap | bytearray:
+    """``frame`` grown to ``size`` bytes: remapped in place, or (while a view of it is still
+    held somewhere) copied into a new mapping."""
+    if isinstance(frame, bytearray):
+        frame += bytes(size - len(frame))
+        return frame
+    try:
+        frame.resize(size)
+        return frame
+    except BufferError:
+        bigger = _frame_buffer(size)
+        bigger[:len(frame)] = frame
+        return bigger
+
+
 class Conn:
     """One connection: record framing in both directions, and its handshake state."""
 
@@ -95,14 +120,15 @@ class Conn:
         self._header = bytearray(4)
         self._hpos = 0
         #: The buffer the record being read goes into, at [_bpos, _bend) (None: between records).
-        self._body: bytearray | None = None
+        self._body: bytearray | mmap.mmap | None = None
         self._bpos = 0
         self._bend = 0
         self._more = False
         #: The frame so far, while its records say "more" follow (None between frames): each
-        #: record is read into its end, grown in place, so a frame of many records is never
-        #: held twice (as records, then joined).
-        self._partial: bytearray | None = None
+        #: record is read into its end of an anonymous mapping grown in place (``mremap``), so
+        #: a frame of many records is never held twice (as records, then joined), and no byte
+        #: of it is written before the kernel writes what arrived.
+        self._partial: mmap.mmap | bytearray | None = None
 
     # -- writing ----------------------------------------------------------------------------
     def write(self, parts: list[Any], block: bool = True, deadline: float | None = None) -> None:
@@ -352,15 +378,17 @@ class Conn:
                 length, self._more = word & ~_MORE, bool(word & _MORE)
                 if length > self.max_record or (self._more and self.session is None):
                     raise Broken(f"a record of {length} bytes is over the limit ({self.max_record})")
+                if self._more and not length:  # no writer sends one (and a mapping cannot be empty)
+                    raise Broken("an empty record in the middle of a frame")
                 partial = self._partial
                 start = 0 if partial is None else len(partial)
                 if start + length > self.max_frame:
                     raise Broken(f"a frame of over {self.max_frame} bytes is over the limit")
-                if partial is not None:  # grown in place (a large buffer is remapped, not copied)
-                    partial += bytes(length)
-                    self._body = partial
-                elif self._more:
-                    self._body = self._partial = bytearray(length)
+                if partial is not None:  # grown in place: remapped, neither copied nor zero-filled
+                    self._body = _grown(partial, start + length)
+                    self._partial = self._body
+                elif self._more:  # a frame of several records: anonymous memory that can grow
+                    self._body = self._partial = _frame_buffer(length)
                 else:
                     self._body = bytearray(length)
                 self._bpos, self._bend = start, start + length
