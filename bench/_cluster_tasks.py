@@ -60,6 +60,14 @@ def sink(conn: Any, reps: int) -> None:
         conn.send_bytes(b"k")
 
 
+def sink_objects(conn: Any, reps: int) -> None:
+    """Take ``reps`` objects from a Pipe with ``recv()`` (an array arrives in the frame's own
+    memory), answering each with one byte."""
+    for _ in range(reps):
+        conn.recv()
+        conn.send_bytes(b"k")
+
+
 def where() -> tuple[str, int]:
     import os
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -89,8 +90,9 @@ def test_ps_logs_cp_and_stop_find_a_running_session_from_another_process(project
         assert back.read_text() == APP
         bad = fiber("cp", "a.txt", "b.txt", env=LOCAL)
         assert bad.returncode == 2 and "exactly one of SRC and DST must be JOB:PATH" in bad.stderr
-        logs = fiber("logs", master, env=LOCAL)
-        assert logs.returncode == 2 and "terminal of the master" in logs.stderr
+        logs = fiber("logs", master, env=LOCAL)  # the master job's output is on fiber run's terminal
+        assert logs.returncode == 2 and "fiber run's terminal" in logs.stderr
+        assert len(logs.stderr.strip().splitlines()) == 1, logs.stderr
         stopped = fiber("stop", session, env=LOCAL)
         assert stopped.returncode == 0 and f"of session {session}" in stopped.stdout
         assert proc.wait(30) == 128 + 15  # the master ended by SIGTERM, as the run reports
@@ -105,6 +107,60 @@ def test_ps_logs_cp_and_stop_find_a_running_session_from_another_process(project
             proc.wait()
 
 
+TALKER = '''
+import sys, time
+import fibercore as mp
+
+def talk(i):
+    print(f"worker {i} says hello", flush=True)
+    time.sleep(600)
+
+if __name__ == "__main__":
+    from fibercore.runtime import get_runtime
+
+    pool = mp.Pool(2)
+    for i in range(2):
+        pool.apply_async(talk, (i,))
+    print(get_runtime().session, flush=True)
+    sys.stdin.read()
+    pool.terminate()
+'''
+
+
+def test_logs_shows_a_running_local_jobs_output_from_another_terminal(tmp_path):
+    """`fiber logs SESSION` and `fiber logs JOB` of a running local program show what its
+    workers printed (its master keeps the copy and answers through the status directory),
+    exit 0; once the program ended both forms say, in one line and exit code 2, that local
+    output went to the master's terminal."""
+    (tmp_path / "talker.py").write_text(TALKER)
+    env = {**os.environ, **LOCAL, "FIBER_STATUS_DIR": str(tmp_path / "status")}
+    (tmp_path / "status").mkdir(mode=0o700)
+    proc = subprocess.Popen([sys.executable, "talker.py"],
+                            cwd=tmp_path, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        session = proc.stdout.readline().strip()
+        deadline = time.monotonic() + 60
+        while True:  # until both workers have printed (each starts and prints on its own)
+            logs = fiber("logs", session, env=env)
+            if logs.stdout.count("says hello") == 2 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert logs.returncode == 0, logs.stderr
+        assert re.findall(r"==> Pool-1-Worker-\d \((\d+), running\) <==", logs.stdout) and \
+            sorted(re.findall(r"worker (\d) says hello", logs.stdout)) == ["0", "1"], logs.stdout
+        job = re.search(r"==> Pool-1-Worker-\d \((\d+), running\) <==\nworker (\d)", logs.stdout)
+        one = fiber("logs", job.group(1), env=env)
+        assert one.returncode == 0 and one.stdout == f"worker {job.group(2)} says hello\n", one
+    finally:
+        proc.stdin.close()
+        proc.wait(60)
+    for target in (session, job.group(1)):
+        after = fiber("logs", target, env=env)
+        assert after.returncode == 2 and after.stdout == "", after
+        assert len(after.stderr.strip().splitlines()) == 1 and "goes to the terminal of the master" in after.stderr
+
+
 @pytest.mark.parametrize("args, message", [
     (["run", "--env", "1BAD=x", "--", "python", "app.py"], "--env '1BAD=x' is not NAME=VALUE"),
     (["run", "--env", "NOEQUALS", "--", "python", "app.py"], "is not NAME=VALUE"),
@@ -113,7 +169,7 @@ def test_ps_logs_cp_and_stop_find_a_running_session_from_another_process(project
     (["run", "--detach", "--", "python", "app.py"], "--detach needs a cluster backend"),
     (["run", "--push", "127.0.0.1:5000", "--", "python", "app.py"], "--push pushes the image --build makes"),
     (["config", "no_such_key"], "unknown fibercore config key 'no_such_key'"),
-    (["logs", "999999999"], "no job '999999999'"),
+    (["logs", "999999999"], "no local job or session '999999999' runs"),
 ])
 def test_bad_input_is_one_line_naming_the_fix_and_exit_code_2(project, args, message):
     done = fiber(*args, cwd=project, env=LOCAL)

@@ -2126,6 +2126,110 @@ def test_cp_follows_no_link_planted_in_a_jobs_directory(local_user, tmp_path):
         shutil.rmtree(shared, ignore_errors=True)
 
 
+LOGS_MASTER = '''
+import sys, time
+import fibercore as mp
+from fibercore.runtime import get_runtime
+
+def talk(marker):
+    print(marker, flush=True)
+    time.sleep(600)
+
+if __name__ == "__main__":
+    pool = mp.Pool(1)
+    pool.apply_async(talk, (sys.argv[1],))
+    print(get_runtime().session, flush=True)
+    sys.stdin.read()
+    pool.terminate()
+'''
+
+
+def attack_running_masters_logs(folder: str, session: str, own_dir: str) -> dict:
+    """As the other user: read the master's answer, write a request, ring its bell, list the
+    status directory, and ask `fiber logs` for the session with the tools a user has."""
+    tried: dict[str, Any] = {}
+    for name, how in (("read_answer", lambda: open(os.path.join(folder, f"{session}.logs")).read()),
+                      ("write_request", lambda: open(os.path.join(folder, f"{session}.logs-wanted"), "w")),
+                      ("ring_bell", lambda: os.open(os.path.join(folder, f"{session}.bell"),
+                                                    os.O_WRONLY | os.O_NONBLOCK)),
+                      ("list", lambda: os.listdir(folder))):
+        try:
+            how()
+            tried[name] = "done"
+        except OSError as exc:
+            tried[name] = type(exc).__name__
+    import contextlib
+    import io
+
+    from fibercore.cli import main
+
+    os.environ.update({"HOME": own_dir, "FIBER_STATUS_DIR": own_dir, "FIBER_BACKEND": "local"})
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(["logs", session])  # the command as this user runs it (its Python is this one)
+    tried["cli"] = [code, out.getvalue(), err.getvalue()]
+    return tried
+
+
+def test_fiber_logs_of_a_running_master_is_its_owners_only(local_user, tmp_path):
+    """Rows "<session>.logs-wanted, .logs": a running master's jobs' output reaches `fiber logs`
+    of its own user (the request and the answer in the 0700 status directory); the other
+    user can neither read the answer, nor write a request, nor ring the bell, nor list the
+    directory, and its own `fiber logs` of the session finds nothing (exit 2, no output)."""
+    import shutil
+    import tempfile
+
+    marker = f"secret-output-{os.urandom(6).hex()}"
+    folder = tmp_path / "status"
+    folder.mkdir(mode=0o700)
+    theirs = tempfile.mkdtemp(prefix="fcatk-status-")
+    os.chown(theirs, local_user.uid, local_user.gid)
+    root = str(Path(__file__).resolve().parent.parent)
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("FIBER_", "XDG_"))},
+           "PYTHONPATH": root, "FIBER_BACKEND": "local", "FIBER_STATUS_DIR": str(folder)}
+    (tmp_path / "master.py").write_text(LOGS_MASTER)
+    proc = subprocess.Popen([sys.executable, "master.py", marker], cwd=tmp_path, env=env, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert proc.stdout is not None
+        session = proc.stdout.readline().strip()
+        assert session, "the master did not start"
+        deadline = time.monotonic() + 60
+        while True:  # the owner's fiber logs shows the worker's line once it was printed
+            mine = subprocess.run([sys.executable, "-m", "fibercore.cli", "logs", session], capture_output=True,
+                                  text=True, env=env, timeout=120)
+            if marker in mine.stdout or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert mine.returncode == 0 and marker in mine.stdout, mine
+        answer = folder / f"{session}.logs"
+        before = answer.read_bytes()
+        assert stat_mode(str(answer)) == 0o600 and stat_mode(str(folder / f"{session}.logs-wanted")) == 0o600
+        import contextlib
+        import io
+
+        from fibercore.cli import main
+
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            main(["logs", "0" * 12])  # imports what the command needs while this user can read the library
+        tried = local_user.run(attack_running_masters_logs, str(folder), session, theirs)
+        assert {k: tried[k] for k in ("read_answer", "write_request", "ring_bell", "list")} == dict.fromkeys(
+            ("read_answer", "write_request", "ring_bell", "list"), "PermissionError"), tried
+        code, out, err = tried["cli"]
+        assert code == 2 and marker not in out + err and "no local job or session" in err, tried["cli"]
+        assert answer.read_bytes() == before
+    finally:
+        if proc.poll() is None:
+            proc.stdin.close()
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+        shutil.rmtree(theirs, ignore_errors=True)
+    assert not (folder / f"{session}.logs").exists()  # withdrawn with the master: nothing left to take
+
+
 # -- surface: the template process and files a program writes ---------------------------------
 
 

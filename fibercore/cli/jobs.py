@@ -47,20 +47,71 @@ def ps(args: argparse.Namespace) -> int:
     return 0
 
 
+#: Seconds ``fiber logs`` waits for a running master to answer with its jobs' output.
+MASTER_ANSWER_WAIT = 5.0
+
+
 def logs(args: argparse.Namespace) -> int:
+    """A job's output, or every job's of a session, as its backend keeps it; where the backend
+    keeps none apart from the master (local jobs print to the master's terminal), the running
+    master's recent copy, asked through the status directory. Nothing found: one line, exit 2."""
     rt = _runtime(args)
-    of_session = [i for i in rt.plugins.list_jobs(None) if i.session == args.target]
-    if not of_session:
-        sys.stdout.write(_ending_newline(rt.plugins.read_job_logs(args.target)))
+    listed = rt.plugins.list_jobs(None)
+    of_session = [i for i in listed if i.session == args.target]
+    jobs = of_session or [i for i in listed if i.jid == args.target]
+    if not jobs:  # a job the listing does not show (one that ended), or the backend's "no job"
+        try:
+            text = rt.plugins.read_job_logs(args.target)
+        except ConfigError:
+            if rt.backend != "local":
+                raise
+            raise ConfigError(f"no local job or session {args.target!r} runs (`fiber ps` lists what runs): a local "
+                              "job's output goes to the terminal of the master that started it, and `fiber logs` "
+                              "shows it only while that master runs") from None
+        sys.stdout.write(_ending_newline(text))
         return 0
-    for info in sorted(of_session, key=lambda i: (i.created or 0, i.jid)):
-        print(f"==> {info.name} ({info.jid}, {info.status.value}) <==")
+    masters = _masters_here()
+    answers: dict[str, dict[str, str]] = {}  # session -> jid -> its master's copy of the output
+    shown, reasons = 0, []
+    for info in sorted(jobs, key=lambda i: (i.created or 0, i.jid)):
         try:
             text = rt.plugins.read_job_logs(info.jid)
-        except Exception as exc:  # one job's logs gone does not hide the others'
-            text = f"(no logs: {exc})"
-        sys.stdout.write(_ending_newline(text))
+        except ConfigError as exc:  # kept by the master only (local), or gone
+            if info.session not in answers:
+                answers[info.session] = _ask_master(info.session, masters, None if of_session else info.jid)
+            text = answers[info.session].get(info.jid)
+            if text is None:
+                reasons.append(str(exc))
+        if of_session:
+            print(f"==> {printable(info.name)} ({info.jid}, {info.status.value}) <==")
+        if text is not None:
+            sys.stdout.write(_ending_newline(text))
+            shown += 1
+        elif of_session:
+            print(f"(no logs: {reasons[-1]})")
+    if not shown:
+        raise ConfigError(reasons[0])
     return 0
+
+
+def _masters_here() -> set[str]:
+    """Sessions whose master runs on this machine for this user (they answer ``fiber logs``)."""
+    from fibercore.observe import status
+
+    try:
+        return {info["session"] for info in status.sessions()}
+    except OSError:
+        return set()
+
+
+def _ask_master(session: str, masters: set[str], jid: str | None) -> dict[str, str]:
+    """The running master's copy of its jobs' recent output (``jid``'s only, when given), by job."""
+    if session not in masters:
+        return {}
+    from fibercore.observe import status
+
+    answer = status.read_logs(session, status.want_logs(session, jid), MASTER_ANSWER_WAIT)
+    return {str(job.get("jid")): str(job.get("text", "")) for job in answer or ()}
 
 
 def _ending_newline(text: str) -> str:

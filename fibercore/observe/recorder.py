@@ -4,7 +4,8 @@ Started when the master starts its first job. Each second it does one ``stat`` o
 session's watch file (:mod:`fibercore.observe.status`); only while ``fiber top`` keeps that
 fresh, or while the dashboard is on, does it take a snapshot (:class:`Sampler`), keep a
 point of the history the dashboard plots, and (for ``fiber top``) write the status file.
-A program nobody looks at pays one ``stat`` a second.
+A program nobody looks at pays one ``stat`` a second. It also answers ``fiber logs`` from
+another terminal (a request file and the bell): the output the backend keeps of its jobs.
 
 When the status directory cannot be used (:class:`fibercore.observe.status.StatusDirError`)
 the program says so in one line and runs unseen by ``fiber top``; the recorder still samples
@@ -31,6 +32,8 @@ log = logging.getLogger("fibercore.observe")
 #: Seconds between looks; points of history kept (an hour at one a second).
 INTERVAL = 1.0
 HISTORY = 3600
+#: Characters of output one ``fiber logs`` answer carries at most, shared out among the jobs.
+LOGS_MAX = 4 << 20
 
 
 def point(snap: dict[str, Any]) -> dict[str, Any]:
@@ -68,6 +71,7 @@ class Recorder:
         self._stop = threading.Event()
         self._folder: Path | None = None
         self._bell: Path | None = None
+        self._logs_answered = 0.0  # the time of the last fiber logs request answered
         try:
             self._folder = status.status_dir()
             status.announce(session, {"pid": self.pid, "program": " ".join(sys.argv) or sys.executable,
@@ -93,8 +97,23 @@ class Recorder:
         if self._bell is not None:
             status.ring(self._bell)
 
+    def _answer_logs(self) -> None:
+        """Answer a ``fiber logs`` request made since the last one (each once)."""
+        if self._folder is None:
+            return
+        request = status.logs_wanted(self.session, self._folder, self._logs_answered)
+        if request is None:
+            return
+        asked, jid = request
+        self._logs_answered = asked
+        try:
+            status.write_logs(self.session, asked, recent_output(jid), self._folder)
+        except Exception:  # a view must never take the program down
+            log.debug("observe: answering fiber logs failed", exc_info=True)
+
     def _run(self) -> None:
         while not self._stop.is_set():
+            self._answer_logs()
             watched = self._folder is not None and status.watched(self.session, self._folder)
             if not (watched or self.always):
                 if self._bell is not None:
@@ -117,6 +136,18 @@ class Recorder:
             self.wake()
             if self._folder is not None:
                 status.withdraw(self.session, self._folder)
+
+
+def recent_output(jid: str | None, limit: int = LOGS_MAX) -> list[dict[str, Any]]:
+    """What the backend keeps of the output of this master's jobs (``jid``'s only, when
+    given), each job's end, at most ``limit`` characters in all."""
+    from fibercore.observe import registry
+    from fibercore.runtime import get_runtime
+
+    jobs = [p for p in registry.started() if p.job is not None and (jid is None or str(p.job.jid) == jid)]
+    share = max(4096, limit // max(1, len(jobs)))
+    plugins = get_runtime().plugins
+    return [{"jid": str(p.job.jid), "name": p.name, "text": plugins.job_logs(p.job)[-share:]} for p in jobs]
 
 
 _recorder: Recorder | None = None
@@ -155,4 +186,4 @@ def current() -> Recorder | None:
         return _recorder
 
 
-__all__ = ["HISTORY", "INTERVAL", "Recorder", "current", "master_started", "point"]
+__all__ = ["HISTORY", "INTERVAL", "LOGS_MAX", "Recorder", "current", "master_started", "point", "recent_output"]

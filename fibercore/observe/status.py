@@ -10,6 +10,10 @@ For each session whose master runs here:
 * ``<session>.status``: the latest snapshot (JSON), replaced whole (written beside, renamed).
 * ``<session>.bell``: a FIFO the master's observing thread waits to be opened while nobody
   looks (no wake-up at all when idle); ``fiber top`` opens it when it touches the watch file.
+* ``<session>.logs-wanted``: written by ``fiber logs`` (the job it wants, or every job) before
+  it rings the bell; the master answers each new request once with
+* ``<session>.logs``: the recent output of its jobs as their backend keeps it (the local
+  backend: the last 64 KiB of each), with the time of the request it answers (JSON).
 
 The directory is ``$FIBER_STATUS_DIR``, else ``$XDG_RUNTIME_DIR/fibercore``, else
 ``/tmp/fibercore-<uid>``: made with mode 0700. One that is a link, not a directory, owned by
@@ -154,7 +158,7 @@ def withdraw(session: str, folder: Path | None = None) -> None:
             folder = status_dir(create=False)
         except OSError:
             return
-    for suffix in (".master", ".status", ".watch", ".bell"):
+    for suffix in (".master", ".status", ".watch", ".bell", ".logs-wanted", ".logs"):
         try:
             os.unlink(folder / f"{session}{suffix}")
         except OSError:
@@ -231,6 +235,49 @@ def read_status(session: str) -> dict[str, Any] | None:
     return _read(status_dir() / f"{session}.status")
 
 
+def want_logs(session: str, jid: str | None) -> float:
+    """``fiber logs`` asks the master of ``session`` for the recent output of job ``jid`` (None:
+    of every job) and wakes it; returns the request's time, which the answer repeats."""
+    folder = status_dir()
+    _write(folder / f"{session}.logs-wanted", {"jid": jid})
+    asked = os.stat(folder / f"{session}.logs-wanted").st_mtime
+    ring(folder / f"{session}.bell")
+    return asked
+
+
+def logs_wanted(session: str, folder: Path, answered: float) -> tuple[float, str | None] | None:
+    """A request for logs newer than ``answered`` (its time and the job it names), or None."""
+    path = folder / f"{session}.logs-wanted"
+    try:
+        asked = os.stat(path).st_mtime
+    except OSError:
+        return None
+    if asked <= answered:
+        return None
+    request = _read(path) or {}
+    jid = request.get("jid")
+    return asked, jid if isinstance(jid, str) else None
+
+
+def write_logs(session: str, asked: float, jobs: list[dict[str, Any]], folder: Path) -> None:
+    """The master's answer: ``jobs`` (jid, name, text each) for the request made at ``asked``."""
+    _write(folder / f"{session}.logs", {"asked": asked, "jobs": jobs})
+
+
+def read_logs(session: str, asked: float, timeout: float) -> list[dict[str, Any]] | None:
+    """The master's answer to the request made at ``asked``, waited for up to ``timeout``
+    seconds (None: no answer in that time)."""
+    path = status_dir() / f"{session}.logs"
+    deadline = time.monotonic() + timeout
+    while True:
+        answer = _read(path)
+        if answer is not None and answer.get("asked") == asked and isinstance(answer.get("jobs"), list):
+            return [job for job in answer["jobs"] if isinstance(job, dict)]
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.05)
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -256,5 +303,5 @@ def sessions() -> list[dict[str, Any]]:
     return found
 
 
-__all__ = ["StatusDirError", "announce", "make_bell", "read_status", "ring", "sessions", "status_dir",
-           "wait_for_bell", "watch", "watched", "withdraw", "write_status"]
+__all__ = ["StatusDirError", "announce", "logs_wanted", "make_bell", "read_logs", "read_status", "ring", "sessions",
+           "status_dir", "wait_for_bell", "want_logs", "watch", "watched", "withdraw", "write_logs", "write_status"]

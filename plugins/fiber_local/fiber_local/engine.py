@@ -380,16 +380,18 @@ class Engine:
         return out
 
     def read_logs(self, jid: str) -> str | None:
+        """Never the text: a local job prints to its master's terminal, and only that master
+        keeps a copy (``fiber logs`` asks it while it runs); None: no such job runs."""
+        from fibercore.errors import ConfigError
+
         proc = _own_job(jid)
         if proc is None:
             return None
         proc.close()
-        from fibercore.errors import ConfigError
-
         raise ConfigError(
-            f"local job {jid} prints to the terminal of the master that started it (with "
-            "local_echo_output, the default); the local backend keeps no copy elsewhere. Run the "
-            "program with its output redirected to a file to keep it"
+            f"local job {jid} prints to the terminal of the process that started it (with local_echo_output, "
+            "the default), and no running master program of yours answered with a copy (a `fiber run` "
+            "master's output is on fiber run's terminal). Redirect the program's output to a file to keep it"
         )
 
     def copy(self, jid: str, source: str, destination: str, into_job: bool) -> bool | None:
