@@ -41,8 +41,8 @@ class DockerUnavailable(RuntimeError, BackendUnavailableError):
     """The Docker daemon cannot be reached."""
 
 
-class DockerImageNotFound(RuntimeError):
-    """The configured image is not on the Docker host."""
+class DockerImageNotFound(RuntimeError, BackendUnavailableError):
+    """The configured image is not on the Docker host: no job starts until it is built or pulled."""
 
 
 def explain_unreachable(exc: BaseException) -> DockerUnavailable:
