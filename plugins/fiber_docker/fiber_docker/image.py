@@ -1,28 +1,39 @@
 """Build the worker image the docker backend runs: ``python -m fiber_docker.image``.
 
-The image is ``BASE`` (default ``python:3.11-slim``; match the master's Python minor
-version, pickled functions do not cross it) plus a venv at ``/opt/fiber`` on PATH
-with fibercore, fiber-docker and your requirements. Two ways to get fibercore in:
+The image is ``BASE`` (default ``python:<this Python's major.minor>-slim``: pickled functions
+do not cross Python minor versions; any local image with ``python3`` and its ``venv`` module
+works) plus a venv at ``/opt/fiber`` on PATH with fibercore, its plugins installed here and
+your requirements. Where fibercore comes from:
 
-* from the package index, the versions installed here (default);
-* ``--source CHECKOUT``: wheels built here from a fibercore checkout (the core and
-  every plugin under ``plugins/``), so the image runs exactly this code.
+* by default, from what this Python runs: the checkout fibercore is imported from (an
+  editable install, or ``PYTHONPATH``), else a wheel of each fibercore distribution installed
+  here, made from its installed files (so a venv made from ``scripts/wheels``' ``dist/`` needs
+  nothing else); the image runs exactly the master's code;
+* ``--source CHECKOUT``: wheels built from a fibercore checkout (the core and every plugin);
+* ``--wheels DIR``: the fibercore wheels in ``DIR`` (``scripts/wheels`` writes them to ``dist/``);
+* ``--index``: the versions installed here, from the package index.
+
+The other packages fibercore needs come from the package index, pinned to the versions
+installed here (``--constraints FILE`` instead: its pins; an empty file pins nothing).
 
 ``--content-tag REPO`` names the image ``REPO:<hash>`` of everything that goes into
-it (base image id, Dockerfile, requirements, source files) and skips the build when
-that image exists: the test suite builds its image once per change of the code.
+it (base image id, Dockerfile, requirements, pins, fibercore's files) and skips the build
+when that image exists: the test suite builds its image once per change of the code.
 
 Examples::
 
     python -m fiber_docker.image                                # fibercore-worker:latest
     python -m fiber_docker.image --tag me/rl:1 -r requirements.txt
+    python -m fiber_docker.image --wheels dist/ --base my-python:3.11
     python -m fiber_docker.image --base my-base:1 --source . --content-tag fibercore-test/worker
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -38,7 +49,7 @@ from fiber_docker import DEFAULT_IMAGE
 from fibercore.errors import FiberError
 
 DEFAULT_TAG = DEFAULT_IMAGE
-DEFAULT_BASE = "python:3.11-slim"
+DEFAULT_BASE = f"python:{sys.version_info.major}.{sys.version_info.minor}-slim"
 _OWN_DISTS = {"fibercore", "fiber-local", "fiber-docker", "fiber-k8s", "fiber-aws", "fiber-slurm", "fiber-ssh",
               "fiber-nng"}
 _SKIP_DIRS = {"__pycache__", "tests", "build", "dist", ".venv", ".git", ".pytest_cache", ".ruff_cache"}
@@ -110,35 +121,171 @@ def _wheel_requirements(wheel: Path) -> list[str]:
 def _copy_sources(source: Path, into: Path) -> list[Path]:
     """Copy exactly the hashed files of each distribution (the build writes build/ and
     egg-info next to its sources: not in the user's checkout)."""
-    copies = []
-    for i, dist in enumerate(source_distributions(source)):
-        target = into / (dist.name if i else "fibercore-src")
-        for path in _source_files(dist, is_root=(i == 0)):
-            dest = target / path.relative_to(dist)
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(path, dest)
-        copies.append(target)
-    return copies
+    return [_copy_dist(dist, into / (dist.name if i else "fibercore-src"), is_root=(i == 0))
+            for i, dist in enumerate(source_distributions(source))]
+
+
+def _copy_dist(dist: Path, target: Path, is_root: bool) -> Path:
+    for path in _source_files(dist, is_root):
+        dest = target / path.relative_to(dist)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, dest)
+    return target
+
+
+def _pip_wheel(directory: Path, into: Path, is_root: bool) -> None:
+    """Build the wheel of one distribution's directory into ``into``, from a copy of exactly
+    its source files (a build writes build/ and egg-info beside its sources: not in the user's
+    directory)."""
+    with tempfile.TemporaryDirectory(prefix="fiber-src-") as tmp:
+        _run_pip_wheel([_copy_dist(directory, Path(tmp) / directory.name, is_root)], into, directory)
+
+
+def _run_pip_wheel(dists: list[Path], into: Path, origin: Path) -> None:
+    cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+           "-w", str(into), *map(str, dists)]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise ImageBuildError(
+            f"building wheels from {origin} failed (pip wheel, exit {done.returncode}); it needs "
+            f"setuptools and wheel in this Python:\n{done.stdout}{done.stderr}"
+        )
+
+
+def wheel_requirements(directory: Path) -> list[str]:
+    """The third-party requirements of the wheels in ``directory`` (each once, in order)."""
+    requirements: list[str] = []
+    for wheel in sorted(directory.glob("*.whl")):
+        for req in _wheel_requirements(wheel):
+            if req not in requirements:
+                requirements.append(req)
+    return requirements
 
 
 def build_wheels(source: Path, into: Path) -> list[str]:
     """Build the checkout's wheels into ``into``; return their third-party requirements."""
     with tempfile.TemporaryDirectory(prefix="fiber-src-") as tmp:
-        dists = _copy_sources(source, Path(tmp))
-        cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-               "-w", str(into), *map(str, dists)]
-        done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise ImageBuildError(
-            f"building wheels from {source} failed (pip wheel, exit {done.returncode}); it needs "
-            f"setuptools and wheel in this Python:\n{done.stdout}{done.stderr}"
-        )
-    requirements: list[str] = []
-    for wheel in sorted(into.glob("*.whl")):
-        for req in _wheel_requirements(wheel):
-            if req not in requirements:
-                requirements.append(req)
-    return requirements
+        _run_pip_wheel(_copy_sources(source, Path(tmp)), into, source)
+    return wheel_requirements(into)
+
+
+def checkout_in_use() -> Path | None:
+    """The fibercore checkout this Python imports fibercore from (an editable install, or
+    ``PYTHONPATH``), or None (an installed wheel)."""
+    import fibercore
+
+    root = Path(fibercore.__file__).resolve().parent.parent
+    try:
+        source_distributions(root)
+    except ImageBuildError:
+        return None
+    return root
+
+
+def _editable_dir(dist: metadata.Distribution) -> Path | None:
+    """The directory a distribution was installed from in place (``pip install -e DIR``), if it was."""
+    text = dist.read_text("direct_url.json")
+    if not text:
+        return None
+    try:
+        info = json.loads(text)
+    except ValueError:
+        return None
+    url = info.get("url", "")
+    if info.get("dir_info", {}).get("editable") and url.startswith("file://"):
+        return Path(url[len("file://"):])
+    return None
+
+
+def _record_hash(data: bytes) -> str:
+    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+def repack(dist: metadata.Distribution, into: Path) -> Path:
+    """A wheel of an installed (not editable) distribution, from its installed files: what pip
+    wrote for it under site-packages (scripts are made again by the installing pip)."""
+    files = [f for f in dist.files or () if f.parts and f.parts[0] != ".." and "__pycache__" not in f.parts]
+    info = next((f.parts[0] for f in files if f.parts[0].endswith(".dist-info")), None)
+    if info is None:
+        raise ImageBuildError(f"{dist.metadata['Name']} is installed without a .dist-info listing its files: "
+                              "reinstall it with pip, or use --wheels DIR / --source CHECKOUT")
+    wheel_text = dist.read_text("WHEEL") or ""
+    tags = [line.split(":", 1)[1].strip() for line in wheel_text.splitlines() if line.startswith("Tag:")]
+    name = info[: -len(".dist-info")]  # already the wheel's name-version form
+    path = into / f"{name}-{tags[0] if tags else 'py3-none-any'}.whl"
+    records = []
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
+        for f in files:
+            rel = f.as_posix()
+            if f.parts[0] == info and f.name in ("RECORD", "INSTALLER", "REQUESTED", "direct_url.json"):
+                continue  # written by the installer, per install
+            data = Path(str(f.locate())).read_bytes()
+            zf.writestr(rel, data)
+            records.append(f"{rel},{_record_hash(data)},{len(data)}")
+        records.append(f"{info}/RECORD,,")
+        zf.writestr(f"{info}/RECORD", "\n".join(records) + "\n")
+    return path
+
+
+def installed_fibercore() -> list[metadata.Distribution]:
+    """The fibercore distributions installed in this Python (the core, its plugins)."""
+    found = []
+    for name in sorted(_OWN_DISTS):
+        try:
+            found.append(metadata.distribution(name))
+        except metadata.PackageNotFoundError:
+            continue
+    return found
+
+
+def wheels_of_this_python(into: Path) -> str:
+    """A wheel of each fibercore distribution installed here into ``into``: built from its
+    directory when installed in place, else made from its installed files. Returns what it
+    did, for the log."""
+    made = []
+    for dist in installed_fibercore():
+        directory = _editable_dir(dist)
+        if directory is not None and directory.is_dir():
+            _pip_wheel(directory, into, is_root=dist.metadata["Name"] == "fibercore")
+            made.append(f"{dist.metadata['Name']} from {directory}")
+        else:
+            repack(dist, into)
+            made.append(f"{dist.metadata['Name']} {dist.version}")
+    if not any(w.name.startswith("fibercore-") for w in into.glob("*.whl")):
+        raise ImageBuildError("fibercore is not installed as a distribution in this Python: pass --source "
+                              "CHECKOUT or --wheels DIR (scripts/wheels writes dist/)")
+    return "this Python's " + ", ".join(made)
+
+
+def own_wheels(directory: Path) -> list[Path]:
+    """The fibercore wheels of ``directory`` (``scripts/wheels``' ``dist/``); one must be the core's."""
+    own = [w for w in sorted(directory.glob("*.whl"))
+           if w.name.split("-")[0].lower().replace("_", "-") in _OWN_DISTS]
+    if not any(w.name.startswith("fibercore-") for w in own):
+        raise ImageBuildError(f"no fibercore wheel in {directory}: build them with scripts/wheels (into dist/), "
+                              "or leave out --wheels to use what this Python has installed")
+    return own
+
+
+def copy_wheels(directory: Path, into: Path) -> str:
+    """The fibercore wheels of ``directory``, copied into ``into``."""
+    own = own_wheels(directory)
+    for wheel in own:
+        shutil.copyfile(wheel, into / wheel.name)
+    return "wheels " + ", ".join(w.name for w in own)
+
+
+def installed_constraints() -> str:
+    """``name==version`` of every distribution installed here but fibercore's own and those
+    installed from a directory: the image gets the versions the master runs."""
+    pins: dict[str, str] = {}
+    for dist in metadata.distributions():
+        name = (dist.metadata["Name"] or "").strip()
+        key = name.lower().replace("_", "-")
+        if not name or key in _OWN_DISTS or key == "pip" or dist.read_text("direct_url.json"):
+            continue
+        pins.setdefault(key, f"{name}=={dist.version}")
+    return "".join(f"{pins[k]}\n" for k in sorted(pins))
 
 
 def installed_requirements() -> list[str]:
@@ -170,11 +317,29 @@ def image_exists(client: Any, tag: str) -> bool:
         return False
 
 
+def _base_image(client: Any, base: str, out: Any) -> Any:
+    """The base image; the default one (the official Python image) is pulled when missing."""
+    import docker
+
+    try:
+        return client.images.get(base)
+    except docker.errors.ImageNotFound:
+        if base != DEFAULT_BASE:
+            raise
+    out(f"fiber_docker.image: pulling {base}\n")
+    try:
+        return client.images.pull(base)
+    except docker.errors.APIError:
+        raise docker.errors.ImageNotFound(base) from None
+
+
 def build_image(
     tag: str | None = None,
     *,
     base: str = DEFAULT_BASE,
     source: str | Path | None = None,
+    wheels: str | Path | None = None,
+    index: bool = False,
     requirements: str | Path | None = None,
     constraints: str | Path | None = None,
     content_tag: str | None = None,
@@ -184,33 +349,50 @@ def build_image(
 ) -> str:
     """Build (or, with ``content_tag``, reuse) the worker image; return its tag.
 
+    fibercore comes from ``source`` (a checkout), ``wheels`` (a directory of its wheels), the
+    package index (``index``), or by default from what this Python runs (the module docstring).
     ``constraints``: a pip constraints file (``name==version`` lines) every install in the
-    image obeys, so the same inputs give the same image whenever it is built."""
+    image obeys (default: the versions installed here), so the same inputs give the same image
+    whenever it is built."""
     import docker
 
+    if sum(x is not None and x is not False for x in (source, wheels, index or None)) > 1:
+        raise ImageBuildError("--source, --wheels and --index each say where fibercore comes from: give one")
+    if wheels is not None:
+        own_wheels(Path(wheels))  # said before anything is asked of Docker
     out = log or (lambda text: sys.stderr.write(text))
     client = docker.from_env()
     try:
-        base_id = client.images.get(base).id
+        base_id = _base_image(client, base, out).id
     except docker.errors.ImageNotFound:
         raise ImageBuildError(
-            f"the base image {base!r} is not on this Docker host. Pull it (`docker pull {base}`) "
-            "or pass --base with an image that has python3 with venv (Debian/Ubuntu based)."
+            f"the base image {base!r} is not on this Docker host (nor could it be pulled). Pull it "
+            f"(`docker pull {base}`) or pass --base with a local image that has python3 and its venv module "
+            f"(Debian/Ubuntu based), of this Python's version ({sys.version_info.major}.{sys.version_info.minor})."
         ) from None
-    src = Path(source).resolve() if source is not None else None
+    src = Path(source).resolve() if source is not None else (None if wheels or index else checkout_in_use())
     user_reqs = Path(requirements).read_text().splitlines() if requirements else []
     user_reqs = [r.strip() for r in user_reqs if r.strip() and not r.lstrip().startswith("#")]
-    pins = Path(constraints).read_text() if constraints else ""
+    pins = Path(constraints).read_text() if constraints else installed_constraints()
     ca = ca_bundle if ca_bundle is not None else _default_ca_bundle()
     dockerfile = dockerfile_text()
     with tempfile.TemporaryDirectory(prefix="fiber-image-") as tmp:
         ctx = Path(tmp)
-        (ctx / "wheels").mkdir()
-        (ctx / "wheels" / ".keep").write_text("")
-        reqs = build_wheels(src, ctx / "wheels") if src is not None else installed_requirements()
+        into = ctx / "wheels"
+        into.mkdir()
+        (into / ".keep").write_text("")
+        if src is not None:
+            reqs, origin = build_wheels(src, into), f"source {src}"
+        elif index:
+            reqs, origin = installed_requirements(), "the package index"
+        else:
+            origin = copy_wheels(Path(wheels), into) if wheels else wheels_of_this_python(into)
+            reqs = wheel_requirements(into)
         reqs = [*reqs, *user_reqs]
         if content_tag:
-            digest = content_hash([base_id, dockerfile, "\n".join(reqs), pins], src)
+            made = [] if src is not None else [hashlib.sha256(w.read_bytes()).hexdigest()
+                                               for w in sorted(into.glob("*.whl"))]
+            digest = content_hash([base_id, dockerfile, "\n".join(reqs), pins, *made], src)
             tag = f"{content_tag}:{digest}"
             if image_exists(client, tag):
                 out(f"fiber_docker.image: {tag} is up to date\n")
@@ -223,7 +405,7 @@ def build_image(
             shutil.copyfile(ca, ctx / "build-ca.crt")
         else:
             (ctx / "build-ca.crt").write_text("")
-        out(f"fiber_docker.image: building {tag} from {base} ({'source ' + str(src) if src else 'package index'})\n")
+        out(f"fiber_docker.image: building {tag} from {base}, fibercore from {origin}\n")
         last_error = None
         for chunk in client.api.build(path=str(ctx), tag=tag, buildargs={"BASE": base}, rm=True,
                                       forcerm=True, pull=False, network_mode=network_mode, decode=True):
@@ -239,19 +421,27 @@ def build_image(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m fiber_docker.image", description=__doc__.split("\n\n")[0])
     parser.add_argument("--tag", "-t", default=None, help=f"image name (default {DEFAULT_TAG})")
-    parser.add_argument("--base", default=DEFAULT_BASE, help=f"base image with python3 (default {DEFAULT_BASE})")
-    parser.add_argument("--source", default=None, help="install fibercore from this checkout instead of the index")
+    parser.add_argument("--base", default=DEFAULT_BASE,
+                        help=f"a local image with python3 and its venv module (default {DEFAULT_BASE})")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--source", default=None, metavar="CHECKOUT",
+                       help="fibercore from this checkout (default: what this Python runs)")
+    where.add_argument("--wheels", default=None, metavar="DIR",
+                       help="fibercore from the wheels in DIR (scripts/wheels writes dist/)")
+    where.add_argument("--index", action="store_true",
+                       help="fibercore's installed versions from the package index")
     parser.add_argument("--requirements", "-r", default=None, help="a requirements file for your own code")
     parser.add_argument("--constraints", "-c", default=None,
-                        help="a pip constraints file (name==version) every install obeys: a reproducible image")
+                        help="a pip constraints file (name==version) every install obeys "
+                             "(default: the versions installed here; an empty file pins nothing)")
     parser.add_argument("--content-tag", default=None, metavar="REPO",
                         help="tag REPO:<content hash>, and reuse it when it exists")
     parser.add_argument("--ca-bundle", default=None, help="CA bundle pip uses inside the build (default $PIP_CERT)")
     parser.add_argument("--network", default="host", help="network of the build's RUN steps (default host)")
     args = parser.parse_args(argv)
     try:
-        tag = build_image(args.tag, base=args.base, source=args.source, requirements=args.requirements,
-                          constraints=args.constraints,
+        tag = build_image(args.tag, base=args.base, source=args.source, wheels=args.wheels, index=args.index,
+                          requirements=args.requirements, constraints=args.constraints,
                           content_tag=args.content_tag, ca_bundle=args.ca_bundle, network_mode=args.network)
     except ImageBuildError as exc:
         sys.stderr.write(f"error: {exc}\n")

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from fiber_docker import DEFAULT_IMAGE
 from fiber_docker.image import ImageBuildError, _default_ca_bundle, image_exists
 
 _SKIP = {".git", ".hg", ".svn", "__pycache__", ".venv", "venv", ".mypy_cache", ".pytest_cache", ".ruff_cache",
@@ -91,10 +92,12 @@ def build_project_image(directory: str | os.PathLike[str], *, base: str | None,
         try:
             base_id = client.images.get(base).id
         except docker.errors.ImageNotFound:
-            raise ImageBuildError(
-                f"{root} has no Dockerfile, and the worker image {base!r} to generate one from is not on "
-                f"this Docker host: build it (python -m fiber_docker.image), `docker pull {base}`, or add "
-                "a Dockerfile to the project") from None
+            if base != DEFAULT_IMAGE:
+                raise ImageBuildError(
+                    f"{root} has no Dockerfile, and the worker image {base!r} to generate one from is not on "
+                    f"this Docker host: build it (python -m fiber_docker.image --tag {base}), `docker pull "
+                    f"{base}`, or add a Dockerfile to the project") from None
+            base_id = _build_worker_image(client, base, log)
         dockerfile = GENERATED_DOCKERFILE.format(base=base)
     else:
         base_id, dockerfile = "", (root / "Dockerfile").read_text()
@@ -131,6 +134,21 @@ def build_project_image(directory: str | os.PathLike[str], *, base: str | None,
             raise ImageBuildError(f"docker build of {root} failed: {last_error} (check the Dockerfile's FROM "
                                   f"image and RUN steps; `docker build {root}` shows each step)")
     return tag
+
+
+def _build_worker_image(client: Any, tag: str, log: Callable[[str], Any]) -> str:
+    """The default worker image, built from what this Python runs (``python -m fiber_docker.image``)
+    because a project's image is made from it and it is not here yet; its id."""
+    from fiber_docker.image import build_image
+
+    log(f"fiber run: the worker image {tag} is not on this Docker host: building it from the fibercore this "
+        "Python runs (python -m fiber_docker.image)")
+    try:
+        build_image(tag, log=lambda text: None)
+    except ImageBuildError as exc:
+        raise ImageBuildError(f"building the worker image {tag} failed: {exc} (python -m fiber_docker.image "
+                              "--base IMAGE builds it from a local image with python3)") from None
+    return str(client.images.get(tag).id)
 
 
 def push_image(image: str, registry: str, *, log: Callable[[str], Any] = print) -> str:
