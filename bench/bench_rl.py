@@ -32,6 +32,8 @@ which is the usual RL set-up of more simulators than cores):
   cma      bench_workloads.py's pycma on a costly 40-D Rastrigin (10 iterations of 24) on Pool(N)
   sb3      stable-baselines3's SubprocVecEnv(start_method=...) with N CartPole envs, random
            actions, 1,000 steps (--quick: 300): env steps/s (not counting the envs' start)
+  sb3start a fresh program's SubprocVecEnv(start_method=...) with N envs: seconds to its
+           first reset (a new interpreter each time, SB3 imported first, as a user's script)
   sb3ppo   stable-baselines3's PPO on SubprocVecEnv with 8 CartPole envs: seconds of
            learn(16,384 steps) (--quick: 4,096), start not counted
 
@@ -139,6 +141,18 @@ def sb3_steps(lib: Any, n: int, steps: int) -> float:
         return n * steps / (time.perf_counter() - t0)
     finally:
         vec.close()
+
+
+def sb3_start(lib: Any, n: int) -> float:
+    """Seconds a fresh program takes from SubprocVecEnv(``n`` envs) to its first reset()
+    (bench/_sb3_start.py, each in a new interpreter: what a user's program pays)."""
+    import subprocess
+
+    method = "fiber" if getattr(lib, "__name__", "") == "fibercore" else lib.get_start_method()
+    here = os.path.dirname(os.path.abspath(__file__))
+    done = subprocess.run([sys.executable, os.path.join(here, "_sb3_start.py"), method, str(n)], cwd=here,
+                          capture_output=True, text=True, timeout=600, check=True)
+    return float(done.stdout.split()[-1])
 
 
 def sb3_ppo(lib: Any, steps: int) -> float:
@@ -512,7 +526,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("sections", nargs="*",
                         help="ppo vecenv pipe queue qrate prate apply smallnp strag mixed chunk1 noop idle start uss "
-                             "es cma sb3 sb3ppo")
+                             "es cma sb3 sb3start sb3ppo")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--methods", default=",".join(METHODS), help="multiprocessing start methods to compare")
@@ -522,7 +536,8 @@ def main() -> int:
     ROUNDS[0] = args.rounds
     libs = libraries(methods)
     want = set(args.sections) or {"ppo", "vecenv", "pipe", "queue", "qrate", "prate", "apply", "smallnp", "strag",
-                                  "mixed", "chunk1", "noop", "idle", "start", "uss", "es", "cma", "sb3", "sb3ppo"}
+                                  "mixed", "chunk1", "noop", "idle", "start", "uss", "es", "cma", "sb3", "sb3start",
+                                  "sb3ppo"}
     quick = args.quick
     few, many = CORES, 4 * CORES
     print(f"{CORES} cores; rounds {args.rounds}; regimes: {few} and {many} processes", flush=True)
@@ -588,6 +603,9 @@ def main() -> int:
         for n in (few, many):
             measure("sb3", f"{n} envs", "steps/s", "higher", libs, m,
                     partial(sb3_steps, n=n, steps=300 if quick else 1000))
+    if "sb3start" in want:
+        for n in (few, many):
+            measure("sb3start", f"{n} envs", "s", "lower", libs, m, partial(sb3_start, n=n))
     if "sb3ppo" in want:
         steps = 4096 if quick else 16_384
         measure("sb3ppo", f"8 envs, {steps} steps", "s", "lower", libs, m, partial(sb3_ppo, steps=steps))

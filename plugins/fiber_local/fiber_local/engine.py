@@ -115,9 +115,11 @@ _templates_lock = threading.Lock()
 
 
 #: What ``local_template_preload = auto`` preloads when the program imported it: modules jobs
-#: of such programs almost always import too (64 workers given a numpy table in initargs: all
-#: up in 1.6 s with numpy preloaded, 4.3 s without).
-AUTO_PRELOAD = ("numpy",)
+#: of such programs almost always import too, each seconds to import per job (64 workers given
+#: a numpy table in initargs: all up in 1.6 s with numpy preloaded, 4.3 s without; eight
+#: stable-baselines3 SubprocVecEnv workers, whose module imports torch: 2.2 s instead of 7.5-8.3).
+#: None of them starts a thread at import (the template stays single-threaded: tested).
+AUTO_PRELOAD = ("numpy", "torch", "gymnasium", "stable_baselines3")
 
 
 def _preload(setting: str) -> tuple[str, ...]:

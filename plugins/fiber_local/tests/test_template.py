@@ -149,3 +149,45 @@ def test_template_preloads_numpy_when_the_program_imported_it(tmp_path, preload,
     pytest.importorskip("numpy")
     out = _run_master(tmp_path, preload, "numpy", imports="import numpy")
     assert out.stdout.strip() == expected
+
+
+_SB3_MASTER = """
+import os, sys, time
+from stable_baselines3.common.vec_env import SubprocVecEnv
+import gymnasium as gym
+import fibercore as fc
+
+def make():
+    return gym.make("CartPole-v1")
+
+def report(q):
+    parent = os.getppid()
+    q.put(("torch" in sys.modules, open(f"/proc/{parent}/comm").read().strip(),
+           len(os.listdir(f"/proc/{parent}/task"))))
+
+if __name__ == "__main__":
+    q = fc.Queue()
+    p = fc.Process(target=report, args=(q,))
+    p.start()
+    print(*q.get(timeout=120), flush=True)
+    p.join(30)
+    vec = SubprocVecEnv([make] * 8, start_method="fiber")
+    print(len(vec.reset()), flush=True)
+    vec.close()
+"""
+
+
+def test_a_program_that_imported_stable_baselines3_gets_jobs_forked_with_torch(tmp_path):
+    """The default preload (auto) of a program that imported stable-baselines3 (and so torch
+    and gymnasium): its jobs start with torch imported, forked from a template that is still
+    one thread, and its SubprocVecEnv of 8 envs starts and resets."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("stable_baselines3")
+    (tmp_path / "master.py").write_text(_SB3_MASTER)
+    env = {k: v for k, v in os.environ.items() if k != "FIBER_LOCAL_TEMPLATE_PRELOAD"}
+    out = subprocess.run([sys.executable, "master.py"], cwd=tmp_path, capture_output=True, text=True, env=env,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["True", "fiber-template", "1", "8"], out.stdout
