@@ -95,3 +95,13 @@ def make_cartpole() -> Any:
     import gymnasium as gym
 
     return gym.make("CartPole-v1")
+
+
+def sphere_costly(x: Any) -> float:
+    """A Nevergrad objective that computes for 5 ms (bench_rl's ``ng``)."""
+    import numpy as np
+
+    end = time.perf_counter() + 0.005
+    while time.perf_counter() < end:
+        pass
+    return float(np.sum((np.asarray(x) - 0.5) ** 2))

@@ -30,6 +30,8 @@ which is the usual RL set-up of more simulators than cores):
   uss      a Pool worker's unique memory (USS) after its first task
   es       bench_workloads.py's ES on CartPole (5 generations of 48 candidates) on Pool(N)
   cma      bench_workloads.py's pycma on a costly 40-D Rastrigin (10 iterations of 24) on Pool(N)
+  ng       Nevergrad's OnePlusOne.minimize over a 5 ms objective, budget 400 (--quick: 100),
+           through fibercore.Executor vs ProcessPoolExecutor(mp_context=...): seconds
   sb3      stable-baselines3's SubprocVecEnv(start_method=...) with N CartPole envs, random
            actions, 1,000 steps (--quick: 300): env steps/s (not counting the envs' start)
   sb3start a fresh program's SubprocVecEnv(start_method=...) with N envs: seconds to its
@@ -309,6 +311,26 @@ def cma_seconds(lib: Any, workers: int) -> float:
         return time.perf_counter() - t0
 
 
+def nevergrad_seconds(lib: Any, workers: int, budget: int) -> float:
+    """Seconds of Nevergrad's OnePlusOne.minimize over a 5 ms objective with ``workers``
+    workers: through fibercore.Executor, or concurrent.futures' ProcessPoolExecutor with the
+    start method (Nevergrad's documented way), started before the clock."""
+    import concurrent.futures
+
+    import nevergrad as ng
+
+    if getattr(lib, "__name__", "") == "fibercore":
+        executor: Any = lib.Executor(max_workers=workers)
+    else:
+        executor = concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=lib)
+    with executor:
+        list(executor.map(T.sphere_costly, [[0.0]] * workers))  # the workers up
+        opt = ng.optimizers.OnePlusOne(parametrization=4, budget=budget, num_workers=workers)
+        t0 = time.perf_counter()
+        opt.minimize(T.sphere_costly, executor=executor)
+        return time.perf_counter() - t0
+
+
 def apply_rtt(lib: Any, workers: int, n: int) -> float:
     with lib.Pool(workers) as pool:
         pool.map(T.noop, range(workers * 4), 1)
@@ -526,7 +548,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("sections", nargs="*",
                         help="ppo vecenv pipe queue qrate prate apply smallnp strag mixed chunk1 noop idle start uss "
-                             "es cma sb3 sb3start sb3ppo")
+                             "es cma ng sb3 sb3start sb3ppo")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--methods", default=",".join(METHODS), help="multiprocessing start methods to compare")
@@ -536,8 +558,8 @@ def main() -> int:
     ROUNDS[0] = args.rounds
     libs = libraries(methods)
     want = set(args.sections) or {"ppo", "vecenv", "pipe", "queue", "qrate", "prate", "apply", "smallnp", "strag",
-                                  "mixed", "chunk1", "noop", "idle", "start", "uss", "es", "cma", "sb3", "sb3start",
-                                  "sb3ppo"}
+                                  "mixed", "chunk1", "noop", "idle", "start", "uss", "es", "cma", "ng", "sb3",
+                                  "sb3start", "sb3ppo"}
     quick = args.quick
     few, many = CORES, 4 * CORES
     print(f"{CORES} cores; rounds {args.rounds}; regimes: {few} and {many} processes", flush=True)
@@ -603,6 +625,10 @@ def main() -> int:
         for n in (few, many):
             measure("sb3", f"{n} envs", "steps/s", "higher", libs, m,
                     partial(sb3_steps, n=n, steps=300 if quick else 1000))
+    if "ng" in want:
+        for n in (few, many):
+            measure("ng", f"{n} workers", "s", "lower", libs, m,
+                    partial(nevergrad_seconds, workers=n, budget=100 if quick else 400))
     if "sb3start" in want:
         for n in (few, many):
             measure("sb3start", f"{n} envs", "s", "lower", libs, m, partial(sb3_start, n=n))
