@@ -130,13 +130,15 @@ if __name__ == "__main__":
 def test_logs_shows_a_running_local_jobs_output_from_another_terminal(tmp_path):
     """`fiber logs SESSION` and `fiber logs JOB` of a running local program show what its
     workers printed (its master keeps the copy and answers through the status directory),
-    exit 0; once the program ended both forms say, in one line and exit code 2, that local
+    exit 0, six of them at once too, after junk was written into the request file; once the
+    program ended both forms say, in one line and exit code 2 (nothing on stdout), that local
     output went to the master's terminal."""
     (tmp_path / "talker.py").write_text(TALKER)
     env = {**os.environ, **LOCAL, "FIBER_STATUS_DIR": str(tmp_path / "status")}
     (tmp_path / "status").mkdir(mode=0o700)
     proc = subprocess.Popen([sys.executable, "talker.py"],
                             cwd=tmp_path, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    job = None
     try:
         assert proc.stdout is not None
         session = proc.stdout.readline().strip()
@@ -152,9 +154,17 @@ def test_logs_shows_a_running_local_jobs_output_from_another_terminal(tmp_path):
         job = re.search(r"==> Pool-1-Worker-\d \((\d+), running\) <==\nworker (\d)", logs.stdout)
         one = fiber("logs", job.group(1), env=env)
         assert one.returncode == 0 and one.stdout == f"worker {job.group(2)} says hello\n", one
+        # several at once share the master's answers; junk in the request file changes nothing
+        (tmp_path / "status" / f"{session}.logs-wanted").write_text("[" * 200_000 + "]" * 200_000)
+        both = [subprocess.Popen([*fiber_command(), "logs", target], env=env, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True) for target in (session, job.group(1)) * 3]
+        for p in both:
+            out, err = p.communicate(timeout=120)
+            assert p.returncode == 0 and "says hello" in out, (out, err)
     finally:
         proc.stdin.close()
         proc.wait(60)
+    assert job is not None
     for target in (session, job.group(1)):
         after = fiber("logs", target, env=env)
         assert after.returncode == 2 and after.stdout == "", after

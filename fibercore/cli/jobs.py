@@ -61,56 +61,59 @@ def logs(args: argparse.Namespace) -> int:
     jobs = of_session or [i for i in listed if i.jid == args.target]
     if not jobs:  # a job the listing does not show (one that ended), or the backend's "no job"
         try:
-            text = rt.plugins.read_job_logs(args.target)
+            found = rt.plugins.read_job_logs(args.target)
         except ConfigError:
             if rt.backend != "local":
                 raise
             raise ConfigError(f"no local job or session {args.target!r} runs (`fiber ps` lists what runs): a local "
                               "job's output goes to the terminal of the master that started it, and `fiber logs` "
                               "shows it only while that master runs") from None
-        sys.stdout.write(_ending_newline(text))
+        sys.stdout.write(_ending_newline(found))
         return 0
     masters = _masters_here()
     answers: dict[str, dict[str, str]] = {}  # session -> jid -> its master's copy of the output
-    shown, reasons = 0, []
+    blocks, shown, reasons = [], 0, []
     for info in sorted(jobs, key=lambda i: (i.created or 0, i.jid)):
+        text: str | None
         try:
             text = rt.plugins.read_job_logs(info.jid)
         except ConfigError as exc:  # kept by the master only (local), or gone
             if info.session not in answers:
-                answers[info.session] = _ask_master(info.session, masters, None if of_session else info.jid)
+                answers[info.session] = _ask_master(info.session, masters)
             text = answers[info.session].get(info.jid)
             if text is None:
                 reasons.append(str(exc))
-        if of_session:
-            print(f"==> {printable(info.name)} ({info.jid}, {info.status.value}) <==")
+        except Exception as exc:  # one job's logs gone does not hide the others'
+            text = None
+            reasons.append(f"{type(exc).__name__}: {exc}")
         if text is not None:
-            sys.stdout.write(_ending_newline(text))
             shown += 1
-        elif of_session:
-            print(f"(no logs: {reasons[-1]})")
-    if not shown:
+        header = f"==> {printable(info.name)} ({info.jid}, {info.status.value}) <==\n" if of_session else ""
+        blocks.append(header + (_ending_newline(text) if text is not None else f"(no logs: {reasons[-1]})\n"))
+    if not shown:  # one line, on stderr, exit 2
         raise ConfigError(reasons[0])
+    sys.stdout.write("".join(blocks))
     return 0
 
 
-def _masters_here() -> set[str]:
-    """Sessions whose master runs on this machine for this user (they answer ``fiber logs``)."""
+def _masters_here() -> dict[str, int]:
+    """Sessions whose master runs on this machine for this user (they answer ``fiber logs``),
+    with the master's pid."""
     from fibercore.observe import status
 
     try:
-        return {info["session"] for info in status.sessions()}
+        return {info["session"]: info["pid"] for info in status.sessions()}
     except OSError:
-        return set()
+        return {}
 
 
-def _ask_master(session: str, masters: set[str], jid: str | None) -> dict[str, str]:
-    """The running master's copy of its jobs' recent output (``jid``'s only, when given), by job."""
+def _ask_master(session: str, masters: dict[str, int]) -> dict[str, str]:
+    """The running master's copy of its jobs' recent output, by job (empty: no answer)."""
     if session not in masters:
         return {}
     from fibercore.observe import status
 
-    answer = status.read_logs(session, status.want_logs(session, jid), MASTER_ANSWER_WAIT)
+    answer = status.read_logs(session, status.want_logs(session), masters[session], MASTER_ANSWER_WAIT)
     return {str(job.get("jid")): str(job.get("text", "")) for job in answer or ()}
 
 

@@ -98,17 +98,15 @@ class Recorder:
             status.ring(self._bell)
 
     def _answer_logs(self) -> None:
-        """Answer a ``fiber logs`` request made since the last one (each once)."""
+        """Answer the ``fiber logs`` requests made since the last answer (one answer for all)."""
         if self._folder is None:
             return
-        request = status.logs_wanted(self.session, self._folder, self._logs_answered)
-        if request is None:
-            return
-        asked, jid = request
-        self._logs_answered = asked
         try:
-            status.write_logs(self.session, asked, recent_output(jid), self._folder)
-        except Exception:  # a view must never take the program down
+            asked = status.logs_wanted(self.session, self._folder, self._logs_answered)
+            if asked is not None:
+                self._logs_answered = asked
+                status.write_logs(self.session, asked, recent_output(), self._folder)
+        except Exception:  # a view must never take the program (or this thread) down
             log.debug("observe: answering fiber logs failed", exc_info=True)
 
     def _run(self) -> None:
@@ -138,14 +136,14 @@ class Recorder:
                 status.withdraw(self.session, self._folder)
 
 
-def recent_output(jid: str | None, limit: int = LOGS_MAX) -> list[dict[str, Any]]:
-    """What the backend keeps of the output of this master's jobs (``jid``'s only, when
-    given), each job's end, at most ``limit`` characters in all."""
+def recent_output(limit: int = LOGS_MAX) -> list[dict[str, Any]]:
+    """What the backend keeps of the output of this master's jobs, each job's end, at most
+    ``limit`` characters in all."""
     from fibercore.observe import registry
     from fibercore.runtime import get_runtime
 
-    jobs = [p for p in registry.started() if p.job is not None and (jid is None or str(p.job.jid) == jid)]
-    share = max(4096, limit // max(1, len(jobs)))
+    jobs = [p for p in registry.started() if p.job is not None]
+    share = max(1, limit // max(1, len(jobs)))
     plugins = get_runtime().plugins
     return [{"jid": str(p.job.jid), "name": p.name, "text": plugins.job_logs(p.job)[-share:]} for p in jobs]
 

@@ -10,10 +10,11 @@ For each session whose master runs here:
 * ``<session>.status``: the latest snapshot (JSON), replaced whole (written beside, renamed).
 * ``<session>.bell``: a FIFO the master's observing thread waits to be opened while nobody
   looks (no wake-up at all when idle); ``fiber top`` opens it when it touches the watch file.
-* ``<session>.logs-wanted``: written by ``fiber logs`` (the job it wants, or every job) before
-  it rings the bell; the master answers each new request once with
-* ``<session>.logs``: the recent output of its jobs as their backend keeps it (the local
-  backend: the last 64 KiB of each), with the time of the request it answers (JSON).
+* ``<session>.logs-wanted``: touched by ``fiber logs`` before it rings the bell (its time is
+  the request; nothing in it is read); the master answers requests newer than its last with
+* ``<session>.logs``: the recent output of all its jobs as their backend keeps it (the local
+  backend: the last 64 KiB of each), with the time of the newest request it answers (JSON);
+  several ``fiber logs`` at once share an answer.
 
 The directory is ``$FIBER_STATUS_DIR``, else ``$XDG_RUNTIME_DIR/fibercore``, else
 ``/tmp/fibercore-<uid>``: made with mode 0700. One that is a link, not a directory, owned by
@@ -137,12 +138,27 @@ def _write(path: Path, data: dict[str, Any]) -> None:
     os.replace(partial, path)
 
 
+#: The largest status file read (a snapshot, a logs answer): anything bigger is not ours.
+_READ_MAX = 16 << 20
+
+
 def _read(path: Path) -> dict[str, Any] | None:
+    """A JSON object written by :func:`_write`; None for anything else (missing, not a regular
+    file, a link, too big, not JSON, nested past the parser's depth)."""
     try:
-        with open(path) as fh:
-            data = json.load(fh)
-    except (OSError, ValueError):
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
         return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > _READ_MAX:
+            return None
+        with os.fdopen(fd, "rb", closefd=False) as fh:
+            data = json.loads(fh.read(_READ_MAX + 1))
+    except (OSError, ValueError, RecursionError):
+        return None
+    finally:
+        os.close(fd)
     return data if isinstance(data, dict) else None
 
 
@@ -235,47 +251,52 @@ def read_status(session: str) -> dict[str, Any] | None:
     return _read(status_dir() / f"{session}.status")
 
 
-def want_logs(session: str, jid: str | None) -> float:
-    """``fiber logs`` asks the master of ``session`` for the recent output of job ``jid`` (None:
-    of every job) and wakes it; returns the request's time, which the answer repeats."""
+def want_logs(session: str) -> float:
+    """``fiber logs`` asks the master of ``session`` for its jobs' recent output and wakes it;
+    returns the request's time: any answer to a request made then or later will do."""
     folder = status_dir()
-    _write(folder / f"{session}.logs-wanted", {"jid": jid})
-    asked = os.stat(folder / f"{session}.logs-wanted").st_mtime
+    path = folder / f"{session}.logs-wanted"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
+    try:
+        os.utime(fd)
+        asked = os.fstat(fd).st_mtime
+    finally:
+        os.close(fd)
     ring(folder / f"{session}.bell")
     return asked
 
 
-def logs_wanted(session: str, folder: Path, answered: float) -> tuple[float, str | None] | None:
-    """A request for logs newer than ``answered`` (its time and the job it names), or None."""
-    path = folder / f"{session}.logs-wanted"
+def logs_wanted(session: str, folder: Path, answered: float) -> float | None:
+    """The time of a request for logs newer than ``answered``, or None (one ``stat``)."""
     try:
-        asked = os.stat(path).st_mtime
+        asked = os.stat(folder / f"{session}.logs-wanted").st_mtime
     except OSError:
         return None
-    if asked <= answered:
-        return None
-    request = _read(path) or {}
-    jid = request.get("jid")
-    return asked, jid if isinstance(jid, str) else None
+    return asked if asked > answered else None
 
 
 def write_logs(session: str, asked: float, jobs: list[dict[str, Any]], folder: Path) -> None:
-    """The master's answer: ``jobs`` (jid, name, text each) for the request made at ``asked``."""
+    """The master's answer: every job's recent output (jid, name, text each), for the
+    requests made up to ``asked``."""
     _write(folder / f"{session}.logs", {"asked": asked, "jobs": jobs})
 
 
-def read_logs(session: str, asked: float, timeout: float) -> list[dict[str, Any]] | None:
-    """The master's answer to the request made at ``asked``, waited for up to ``timeout``
-    seconds (None: no answer in that time)."""
-    path = status_dir() / f"{session}.logs"
+def read_logs(session: str, asked: float, alive: int, timeout: float) -> list[dict[str, Any]] | None:
+    """The master's answer to a request made at ``asked`` (or later), waited for up to
+    ``timeout`` seconds while its process ``alive`` runs: None when none came. The bell is
+    rung again at each look: a master busy answering another request missed the first."""
+    folder = status_dir()
+    path, bell = folder / f"{session}.logs", folder / f"{session}.bell"
     deadline = time.monotonic() + timeout
     while True:
         answer = _read(path)
-        if answer is not None and answer.get("asked") == asked and isinstance(answer.get("jobs"), list):
+        if (answer is not None and isinstance(answer.get("asked"), float) and answer["asked"] >= asked
+                and isinstance(answer.get("jobs"), list)):
             return [job for job in answer["jobs"] if isinstance(job, dict)]
-        if time.monotonic() >= deadline:
+        if time.monotonic() >= deadline or not _alive(alive):
             return None
         time.sleep(0.05)
+        ring(bell)
 
 
 def _alive(pid: int) -> bool:

@@ -35,10 +35,12 @@ import base64
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import urllib.parse
 import zipfile
 from collections.abc import Iterable, Iterator
 from importlib import metadata, resources
@@ -191,9 +193,9 @@ def _editable_dir(dist: metadata.Distribution) -> Path | None:
         info = json.loads(text)
     except ValueError:
         return None
-    url = info.get("url", "")
-    if info.get("dir_info", {}).get("editable") and url.startswith("file://"):
-        return Path(url[len("file://"):])
+    url = urllib.parse.urlparse(str(info.get("url", "")))
+    if info.get("dir_info", {}).get("editable") and url.scheme == "file":
+        return Path(urllib.parse.unquote(url.path))
     return None
 
 
@@ -212,7 +214,7 @@ def repack(dist: metadata.Distribution, into: Path) -> Path:
     wheel_text = dist.read_text("WHEEL") or ""
     tags = [line.split(":", 1)[1].strip() for line in wheel_text.splitlines() if line.startswith("Tag:")]
     name = info[: -len(".dist-info")]  # already the wheel's name-version form
-    path = into / f"{name}-{tags[0] if tags else 'py3-none-any'}.whl"
+    path = into / f"{name}-{_compressed(tags)}.whl"
     records = []
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
         for f in files:
@@ -220,11 +222,32 @@ def repack(dist: metadata.Distribution, into: Path) -> Path:
             if f.parts[0] == info and f.name in ("RECORD", "INSTALLER", "REQUESTED", "direct_url.json"):
                 continue  # written by the installer, per install
             data = Path(str(f.locate())).read_bytes()
-            zf.writestr(rel, data)
+            _add(zf, rel, data)
             records.append(f"{rel},{_record_hash(data)},{len(data)}")
         records.append(f"{info}/RECORD,,")
-        zf.writestr(f"{info}/RECORD", "\n".join(records) + "\n")
+        _add(zf, f"{info}/RECORD", ("\n".join(records) + "\n").encode())
     return path
+
+
+def _compressed(tags: list[str]) -> str:
+    """A wheel file name's tag part for ``tags`` (``py2-none-any`` and ``py3-none-any``:
+    ``py2.py3-none-any``)."""
+    if not tags:
+        return "py3-none-any"
+    fields: list[dict[str, None]] = [{}, {}, {}]
+    for tag in tags:
+        for i, part in enumerate(tag.split("-", 2)):
+            fields[i][part] = None
+    return "-".join(".".join(field) for field in fields)
+
+
+def _add(zf: zipfile.ZipFile, name: str, data: bytes) -> None:
+    """One member with a fixed time: the same files make the same wheel, bytes for bytes
+    (``--content-tag`` hashes it)."""
+    member = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
+    member.external_attr = 0o644 << 16
+    member.compress_type = zipfile.ZIP_DEFLATED
+    zf.writestr(member, data)
 
 
 def installed_fibercore() -> list[metadata.Distribution]:
@@ -275,16 +298,29 @@ def copy_wheels(directory: Path, into: Path) -> str:
     return "wheels " + ", ".join(w.name for w in own)
 
 
+#: A public PEP 440 version (what an index serves): a pin of anything else would make pip
+#: refuse the whole constraints file.
+_PUBLIC_VERSION = re.compile(r"^\d+(\.\d+)*((a|b|rc)\d+)?(\.post\d+)?(\.dev\d+)?$")
+
+
 def installed_constraints() -> str:
-    """``name==version`` of every distribution installed here but fibercore's own and those
-    installed from a directory: the image gets the versions the master runs."""
+    """``name==version`` of every distribution of this environment (``sys.prefix``) but
+    fibercore's own and those installed from a directory: the image gets the versions the
+    master runs. A local label is dropped (``torch==2.13.0+cpu`` pins ``2.13.0``, which the
+    index has and which the installed build also matches); a version no index could serve
+    (a distribution's own build label) is left unpinned."""
+    prefix = Path(sys.prefix).resolve()
     pins: dict[str, str] = {}
     for dist in metadata.distributions():
         name = (dist.metadata["Name"] or "").strip()
         key = name.lower().replace("_", "-")
         if not name or key in _OWN_DISTS or key == "pip" or dist.read_text("direct_url.json"):
             continue
-        pins.setdefault(key, f"{name}=={dist.version}")
+        if not Path(str(dist.locate_file(""))).resolve().is_relative_to(prefix):
+            continue  # a system or user site's package, not this environment's
+        version = dist.version.split("+", 1)[0]
+        if _PUBLIC_VERSION.match(version):
+            pins.setdefault(key, f"{name}=={version}")
     return "".join(f"{pins[k]}\n" for k in sorted(pins))
 
 
@@ -315,6 +351,16 @@ def image_exists(client: Any, tag: str) -> bool:
         return True
     except docker.errors.ImageNotFound:
         return False
+
+
+def _text(path: str | Path | None, option: str) -> str:
+    """A file an option names, read; ImageBuildError naming the option when it cannot be."""
+    if not path:
+        return ""
+    try:
+        return Path(path).read_text()
+    except OSError as exc:
+        raise ImageBuildError(f"{option} {path}: {exc.strerror or exc}") from None
 
 
 def _base_image(client: Any, base: str, out: Any) -> Any:
@@ -359,9 +405,21 @@ def build_image(
     if sum(x is not None and x is not False for x in (source, wheels, index or None)) > 1:
         raise ImageBuildError("--source, --wheels and --index each say where fibercore comes from: give one")
     if wheels is not None:
-        own_wheels(Path(wheels))  # said before anything is asked of Docker
+        own_wheels(Path(wheels))  # the inputs are checked before anything is asked of Docker
+    user_reqs = [r.strip() for r in _text(requirements, "-r").splitlines()
+                 if r.strip() and not r.lstrip().startswith("#")]
+    pins = _text(constraints, "-c") if constraints else installed_constraints()
+    ca = ca_bundle if ca_bundle is not None else _default_ca_bundle()
+    if ca:
+        _text(ca, "--ca-bundle")
     out = log or (lambda text: sys.stderr.write(text))
-    client = docker.from_env()
+    try:
+        client = docker.from_env()
+        client.ping()
+    except docker.errors.DockerException as exc:
+        from fiber_docker.engine import explain_unreachable
+
+        raise ImageBuildError(str(explain_unreachable(exc))) from None
     try:
         base_id = _base_image(client, base, out).id
     except docker.errors.ImageNotFound:
@@ -371,10 +429,6 @@ def build_image(
             f"(Debian/Ubuntu based), of this Python's version ({sys.version_info.major}.{sys.version_info.minor})."
         ) from None
     src = Path(source).resolve() if source is not None else (None if wheels or index else checkout_in_use())
-    user_reqs = Path(requirements).read_text().splitlines() if requirements else []
-    user_reqs = [r.strip() for r in user_reqs if r.strip() and not r.lstrip().startswith("#")]
-    pins = Path(constraints).read_text() if constraints else installed_constraints()
-    ca = ca_bundle if ca_bundle is not None else _default_ca_bundle()
     dockerfile = dockerfile_text()
     with tempfile.TemporaryDirectory(prefix="fiber-image-") as tmp:
         ctx = Path(tmp)

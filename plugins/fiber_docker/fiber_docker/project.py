@@ -144,7 +144,7 @@ def _build_worker_image(client: Any, tag: str, log: Callable[[str], Any]) -> str
     log(f"fiber run: the worker image {tag} is not on this Docker host: building it from the fibercore this "
         "Python runs (python -m fiber_docker.image)")
     try:
-        build_image(tag, log=lambda text: None)
+        build_image(tag, log=lambda text: log(text.rstrip("\n")) if text.strip() else None)
     except ImageBuildError as exc:
         raise ImageBuildError(f"building the worker image {tag} failed: {exc} (python -m fiber_docker.image "
                               "--base IMAGE builds it from a local image with python3)") from None

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 import uuid
 import zipfile
 from importlib import metadata
@@ -45,6 +46,28 @@ def test_the_image_pins_the_versions_this_python_runs() -> None:
     assert f"pluggy=={metadata.version('pluggy')}" in pins
     assert f"cloudpickle=={metadata.version('cloudpickle')}" in pins
     assert not [p for p in pins if p.lower().startswith(("fibercore==", "fiber-docker==", "fiber_docker==", "pip=="))]
+    assert not [p for p in pins if "+" in p], "a local version label (torch's +cpu) is on no index"
+    try:
+        torch = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        return
+    assert f"torch=={torch.split('+')[0]}" in pins
+
+
+def test_a_repacked_wheel_is_the_same_bytes_each_time_and_names_every_tag(tmp_path: Path) -> None:
+    """The same installed files make the same wheel (``--content-tag`` reuses the image), and a
+    distribution of several tags gets them all in its file name (pip refuses a wheel named by
+    one tag of two)."""
+    from fiber_docker.image import _compressed
+
+    dist = metadata.distribution("pluggy")
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    first = repack(dist, tmp_path / "a").read_bytes()
+    time.sleep(2.1)  # a zip entry's time has 2 s steps: a later run, not the same second
+    assert repack(dist, tmp_path / "b").read_bytes() == first
+    assert _compressed(["py2-none-any", "py3-none-any"]) == "py2.py3-none-any"
+    assert _compressed(["py3-none-any"]) == "py3-none-any"
 
 
 def test_a_newcomer_from_scripts_wheels_to_a_pool_on_containers(docker_client: Any, tmp_path: Path) -> None:
@@ -86,6 +109,7 @@ def test_a_newcomer_from_scripts_wheels_to_a_pool_on_containers(docker_client: A
 
 @pytest.mark.parametrize("args, message", [
     (["--wheels", "{tmp}"], "no fibercore wheel in"),
+    (["-r", "{tmp}/nothere.txt"], "-r {tmp}/nothere.txt: No such file or directory"),
     (["--base", "fibercore-test/no-such-base:0"], "the base image 'fibercore-test/no-such-base:0' is not on this"),
     (["--wheels", "{tmp}", "--index"], "not allowed with argument"),
 ])
@@ -95,5 +119,5 @@ def test_image_builder_errors_are_one_line_naming_the_fix(docker_client: Any, tm
                           capture_output=True, text=True, timeout=300)
     assert done.returncode in (1, 2), done
     lines = done.stderr.strip().splitlines()
-    assert message in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert message.format(tmp=tmp_path) in done.stderr and "Traceback" not in done.stderr, done.stderr
     assert lines[-1].startswith(("error:", "python -m fiber_docker.image: error:")), lines

@@ -168,7 +168,9 @@ def _preload(names: str) -> None:
             importlib.import_module(name)
         except Exception as exc:
             sys.stderr.write(f"fiber-local template: cannot preload {name} ({type(exc).__name__}: {exc}); "
-                             "jobs import it themselves. Check local_template_preload.\n")
+                             "jobs import it themselves. Check local_template_preload (its default, auto, preloads "
+                             "numpy, torch, gymnasium and stable_baselines3 when the program imported them; none "
+                             "turns preloading off).\n")
 
 
 def main() -> None:
