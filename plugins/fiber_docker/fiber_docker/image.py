@@ -174,9 +174,12 @@ def build_wheels(source: Path, into: Path) -> list[str]:
 def checkout_in_use() -> Path | None:
     """The fibercore checkout this Python imports fibercore from (an editable install, or
     ``PYTHONPATH``), or None (an installed wheel)."""
-    import fibercore
+    import importlib.util
 
-    root = Path(fibercore.__file__).resolve().parent.parent
+    spec = importlib.util.find_spec("fibercore")
+    if spec is None or spec.origin is None:
+        return None
+    root = Path(spec.origin).resolve().parent.parent
     try:
         source_distributions(root)
     except ImageBuildError:
