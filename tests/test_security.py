@@ -2052,7 +2052,7 @@ def test_ps_and_logs_list_no_process_of_another_user(impostor):
     logs = fiber("logs", victim.session, env={"FIBER_BACKEND": "local"})
     assert str(pid) not in logs.stdout and str(victim.job) in logs.stdout, logs.stdout
     alone = fiber("logs", str(pid), env={"FIBER_BACKEND": "local"})
-    assert alone.returncode == 2 and f"no job '{pid}'" in alone.stderr, alone.stderr
+    assert alone.returncode == 2 and f"no local job or session '{pid}' runs" in alone.stderr, alone.stderr
     _program_still_starts_jobs()
 
 

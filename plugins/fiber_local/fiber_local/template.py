@@ -27,6 +27,7 @@ stderr write ends as SCM_RIGHTS descriptors; template -> master ``("started", id
 
 from __future__ import annotations
 
+import gc
 import os
 import pickle
 import select
@@ -182,6 +183,9 @@ def main() -> None:
 
     preload_worker()
     _preload(sys.argv[2] if len(sys.argv) > 2 else "")
+    # Everything imported so far lives as long as the jobs: out of the collector's sight, a
+    # job's collections never write to (and so copy) the pages it shares with the template.
+    gc.freeze()
     sock.send(pickle.dumps(("ready", os.getpid())))
     serve(sock)
 
