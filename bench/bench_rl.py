@@ -564,6 +564,13 @@ def main() -> int:
     few, many = CORES, 4 * CORES
     print(f"{CORES} cores; rounds {args.rounds}; regimes: {few} and {many} processes", flush=True)
     m = args.rounds
+
+    def in_both_regimes(section: str, unit: str, better: str, fn: Callable[[int], Callable[[Any], float]],
+                        setting: str = "Pool({n})") -> None:
+        """``section`` measured with as many processes as cores, then four times as many."""
+        for n in (few, many):
+            measure(section, setting.format(n=n), unit, better, libs, m, fn(n))
+
     if "ppo" in want:
         for n, steps in ((few, 1000 if quick else 3000), (many, 300 if quick else 800)):
             measure("ppo", f"{n} envs", "steps/s", "higher", libs, m, partial(ppo, n=n, steps=steps))
@@ -587,20 +594,14 @@ def main() -> int:
             measure("prate", f"{n} to master", "msg/s", "higher", libs, m,
                     partial(pipe_rate_in, children=n, n=10_000 if quick else 50_000))
     if "apply" in want:
-        for n in (few, many):
-            measure("apply", f"Pool({n})", "us", "lower", libs, m,
-                    partial(apply_rtt, workers=n, n=500 if quick else 2000))
+        in_both_regimes("apply", "us", "lower", lambda n: partial(apply_rtt, workers=n, n=500 if quick else 2000))
     if "smallnp" in want:
-        for n in (few, many):
-            measure("smallnp", f"Pool({n})", "ms/map", "lower", libs, m,
-                    partial(small_numpy, workers=n, maps=20 if quick else 50))
+        in_both_regimes("smallnp", "ms/map", "lower",
+                        lambda n: partial(small_numpy, workers=n, maps=20 if quick else 50))
     if "strag" in want:
-        for n in (few, many):
-            measure("strag", f"Pool({n})", "ms/map", "lower", libs, m,
-                    partial(straggler, workers=n, maps=10 if quick else 20))
+        in_both_regimes("strag", "ms/map", "lower", lambda n: partial(straggler, workers=n, maps=10 if quick else 20))
     if "mixed" in want:
-        for n in (few, many):
-            measure("mixed", f"Pool({n})", "s", "lower", libs, m, partial(mixed_map, workers=n))
+        in_both_regimes("mixed", "s", "lower", lambda n: partial(mixed_map, workers=n))
     if "chunk1" in want:
         for n in (64,) if quick else (64, 128):
             measure("chunk1", f"Pool({n})", "tasks/s", "higher", libs, m,
@@ -616,22 +617,17 @@ def main() -> int:
     if "uss" in want:
         measure("uss", "Pool(2) worker", "MiB", "lower", libs, m, worker_uss)
     if "es" in want:
-        for n in (few, many):
-            measure("es", f"Pool({n})", "s", "lower", libs, m, partial(es_seconds, workers=n))
+        in_both_regimes("es", "s", "lower", lambda n: partial(es_seconds, workers=n))
     if "cma" in want:
-        for n in (few, many):
-            measure("cma", f"Pool({n})", "s", "lower", libs, m, partial(cma_seconds, workers=n))
+        in_both_regimes("cma", "s", "lower", lambda n: partial(cma_seconds, workers=n))
     if "sb3" in want:
-        for n in (few, many):
-            measure("sb3", f"{n} envs", "steps/s", "higher", libs, m,
-                    partial(sb3_steps, n=n, steps=300 if quick else 1000))
+        in_both_regimes("sb3", "steps/s", "higher", lambda n: partial(sb3_steps, n=n, steps=300 if quick else 1000),
+                        "{n} envs")
     if "ng" in want:
-        for n in (few, many):
-            measure("ng", f"{n} workers", "s", "lower", libs, m,
-                    partial(nevergrad_seconds, workers=n, budget=100 if quick else 400))
+        in_both_regimes("ng", "s", "lower",
+                        lambda n: partial(nevergrad_seconds, workers=n, budget=100 if quick else 400), "{n} workers")
     if "sb3start" in want:
-        for n in (few, many):
-            measure("sb3start", f"{n} envs", "s", "lower", libs, m, partial(sb3_start, n=n))
+        in_both_regimes("sb3start", "s", "lower", lambda n: partial(sb3_start, n=n), "{n} envs")
     if "sb3ppo" in want:
         steps = 4096 if quick else 16_384
         measure("sb3ppo", f"8 envs, {steps} steps", "s", "lower", libs, m, partial(sb3_ppo, steps=steps))

@@ -181,16 +181,24 @@ def withdraw(session: str, folder: Path | None = None) -> None:
             pass
 
 
-def watch(session: str) -> None:
-    """``fiber top`` looks at ``session``: the master writes its status while this stays fresh."""
+def _touch_and_ring(session: str, suffix: str) -> float:
+    """Set the time of ``<session><suffix>`` (made 0600 when missing, no link followed), then
+    wake the master; returns that time."""
     folder = status_dir()
-    path = folder / f"{session}.watch"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
+    fd = os.open(folder / f"{session}{suffix}", os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                 0o600)
     try:
         os.utime(fd)
+        when = os.fstat(fd).st_mtime
     finally:
         os.close(fd)
     ring(folder / f"{session}.bell")
+    return when
+
+
+def watch(session: str) -> None:
+    """``fiber top`` looks at ``session``: the master writes its status while this stays fresh."""
+    _touch_and_ring(session, ".watch")
 
 
 def make_bell(session: str, folder: Path) -> Path | None:
@@ -254,16 +262,7 @@ def read_status(session: str) -> dict[str, Any] | None:
 def want_logs(session: str) -> float:
     """``fiber logs`` asks the master of ``session`` for its jobs' recent output and wakes it;
     returns the request's time: any answer to a request made then or later will do."""
-    folder = status_dir()
-    path = folder / f"{session}.logs-wanted"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
-    try:
-        os.utime(fd)
-        asked = os.fstat(fd).st_mtime
-    finally:
-        os.close(fd)
-    ring(folder / f"{session}.bell")
-    return asked
+    return _touch_and_ring(session, ".logs-wanted")
 
 
 def logs_wanted(session: str, folder: Path, answered: float) -> float | None:

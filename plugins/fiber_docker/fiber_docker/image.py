@@ -57,6 +57,11 @@ _OWN_DISTS = {"fibercore", "fiber-local", "fiber-docker", "fiber-k8s", "fiber-aw
 _SKIP_DIRS = {"__pycache__", "tests", "build", "dist", ".venv", ".git", ".pytest_cache", ".ruff_cache"}
 
 
+def _project(name: str) -> str:
+    """A distribution's name as :data:`_OWN_DISTS` spells it (``fiber_docker`` -> ``fiber-docker``)."""
+    return name.lower().replace("_", "-")
+
+
 class ImageBuildError(RuntimeError, FiberError):
     """The image could not be built or pushed; the message says which step and why."""
 
@@ -115,7 +120,7 @@ def _wheel_requirements(wheel: Path) -> list[str]:
         project = bare.replace("(", " ").split()[0]
         for sep in "<>=!~[":
             project = project.split(sep)[0]
-        if project.lower().replace("_", "-") not in _OWN_DISTS:
+        if _project(project) not in _OWN_DISTS:
             out.append(req)
     return out
 
@@ -286,7 +291,7 @@ def wheels_of_this_python(into: Path) -> str:
 def own_wheels(directory: Path) -> list[Path]:
     """The fibercore wheels of ``directory`` (``scripts/wheels``' ``dist/``); one must be the core's."""
     own = [w for w in sorted(directory.glob("*.whl"))
-           if w.name.split("-")[0].lower().replace("_", "-") in _OWN_DISTS]
+           if _project(w.name.split("-")[0]) in _OWN_DISTS]
     if not any(w.name.startswith("fibercore-") for w in own):
         raise ImageBuildError(f"no fibercore wheel in {directory}: build them with scripts/wheels (into dist/), "
                               "or leave out --wheels to use what this Python has installed")
@@ -316,7 +321,7 @@ def installed_constraints() -> str:
     pins: dict[str, str] = {}
     for dist in metadata.distributions():
         name = (dist.metadata["Name"] or "").strip()
-        key = name.lower().replace("_", "-")
+        key = _project(name)
         if not name or key in _OWN_DISTS or key == "pip" or dist.read_text("direct_url.json"):
             continue
         if not Path(str(dist.locate_file(""))).resolve().is_relative_to(prefix):
