@@ -154,9 +154,18 @@ def _run_pip_wheel(dists: list[Path], into: Path, origin: Path) -> None:
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         raise ImageBuildError(
-            f"building wheels from {origin} failed (pip wheel, exit {done.returncode}); it needs "
-            f"setuptools and wheel in this Python:\n{done.stdout}{done.stderr}"
+            f"building wheels from {origin} failed (pip wheel, exit {done.returncode}): it builds with this "
+            f"Python's setuptools ({_version_or_none('setuptools')}; the checkout needs >= 77) and wheel "
+            f"({_version_or_none('wheel')}): `{sys.executable} -m pip install -U 'setuptools>=77' wheel`, or "
+            f"pass --wheels DIR (scripts/wheels writes dist/)\n{done.stdout}{done.stderr}"
         )
+
+
+def _version_or_none(name: str) -> str:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return "none installed"
 
 
 def wheel_requirements(directory: Path) -> list[str]:
@@ -189,7 +198,25 @@ def checkout_in_use() -> Path | None:
         source_distributions(root)
     except ImageBuildError:
         return None
+    if _found_only_through_cwd(root):
+        return None
     return root
+
+
+def _found_only_through_cwd(root: Path) -> bool:
+    """True when ``root`` is importable only because Python put the current directory first
+    (``python -m`` run inside a checkout) while fibercore is installed here from a wheel: the
+    user's programs, run from anywhere else, use the installed one, so the image takes it."""
+    if Path.cwd().resolve() != root:
+        return False
+    pythonpath = [Path(p).resolve() for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if root in pythonpath:
+        return False
+    for dist in metadata.distributions(name="fibercore"):
+        where = Path(str(dist.locate_file(""))).resolve()
+        if where != root and _editable_dir(dist) is None:
+            return True
+    return False
 
 
 def _editable_dir(dist: metadata.Distribution) -> Path | None:
@@ -262,10 +289,11 @@ def installed_fibercore() -> list[metadata.Distribution]:
     """The fibercore distributions installed in this Python (the core, its plugins)."""
     found = []
     for name in sorted(_OWN_DISTS):
-        try:
-            found.append(metadata.distribution(name))
-        except metadata.PackageNotFoundError:
-            continue
+        candidates = list(metadata.distributions(name=name))
+        # An installation has a RECORD; a build's .egg-info in the current directory (which
+        # ``python -m`` inside a checkout puts first on sys.path) is not one.
+        installed = [d for d in candidates if d.read_text("RECORD") is not None] or candidates[:1]
+        found.extend(installed[:1])
     return found
 
 

@@ -70,6 +70,16 @@ def test_a_repacked_wheel_is_the_same_bytes_each_time_and_names_every_tag(tmp_pa
     assert _compressed(["py3-none-any"]) == "py3-none-any"
 
 
+def test_the_checkout_is_used_when_this_python_imports_it_in_place() -> None:
+    """Inside the checkout, with this test venv's editable install (a developer's set-up), the
+    image takes the checkout; from another directory too (the editable install points there)."""
+    probe = "from fiber_docker.image import checkout_in_use; print(checkout_in_use())"
+    for cwd in (CHECKOUT, Path("/")):
+        done = subprocess.run([sys.executable, "-c", probe], cwd=cwd, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == str(CHECKOUT), (cwd, done.stdout)
+
+
 def test_a_newcomer_from_scripts_wheels_to_a_pool_on_containers(docker_client: Any, tmp_path: Path) -> None:
     """The docs' docker walk-through, run as written: ``scripts/wheels``, a fresh venv with
     ``pip install fibercore fiber-docker --find-links dist/``, ``python -m fiber_docker.image
@@ -90,8 +100,10 @@ def test_a_newcomer_from_scripts_wheels_to_a_pool_on_containers(docker_client: A
     assert done.returncode == 0, done.stderr[-3000:]
     tag = f"fibercore-test/newcomer:{uuid.uuid4().hex[:12]}"
     try:
+        # Run inside the checkout, as the newcomer who cloned it did: `python -m` puts the checkout
+        # first on sys.path, but their programs use the installed wheels, and so does the image.
         built = subprocess.run([python, "-m", "fiber_docker.image", "--tag", tag, "--base", base],
-                               cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+                               cwd=CHECKOUT, env=env, capture_output=True, text=True, timeout=900)
         assert built.returncode == 0, built.stderr[-3000:]
         assert built.stdout.strip() == tag
         assert "fibercore from this Python's" in built.stderr and "fibercore 0." in built.stderr, built.stderr[:2000]
