@@ -471,6 +471,33 @@ def test_a_worker_lets_a_task_frame_go_once_its_argument_is_loaded():
     assert grew < 1.5 * size / 2**20, f"the worker grew by {grew:.0f} MB for a {size >> 20} MB argument"
 
 
+def test_a_large_task_waits_in_the_master_not_behind_a_running_one():
+    """A chunk of 1 MiB of arguments or more goes only to a worker holding nothing: a worker
+    running a task never also holds a large task's frame (a multiprocessing worker reads its
+    next task only when done); a small one is still sent ahead (prefetched)."""
+    ev = mp.Event()
+    with mp.Pool(1) as p:
+        assert p.apply(T.square, (2,)) == 4  # the worker is up
+        core = p._core
+        first = p.apply_async(T.wait_for, (ev,))
+        big = [p.apply_async(T.identity, (bytes([i]) * (2 << 20),)) for i in range(2)]
+        with core.lock:  # the hand-out happens in the calls above, under this lock
+            (w,) = core.fleet.workers.values()
+            held = [sum(memoryview(part).nbytes for part in c.payload) for c in w.pending.values()]
+            queued = core.dispatch.queued()
+        assert len(held) == 1 and held[0] < 1 << 20 and queued == 2, (held, queued)
+        ev.set()
+        assert first.get(timeout=60) is True
+        assert [r.get(timeout=60)[:1] for r in big] == [b"\x00", b"\x01"]
+        ev.clear()
+        first = p.apply_async(T.wait_for, (ev,))
+        small = p.apply_async(T.identity, (b"x",))
+        with core.lock:
+            assert len(w.pending) == 2 and core.dispatch.queued() == 0
+        ev.set()
+        assert first.get(timeout=60) is True and small.get(timeout=60) == b"x"
+
+
 def test_big_numpy_arrays_both_ways_with_a_busy_submitter():
     """The same crossing with numpy buffers (out-of-band pickling), map() run three times
     back to back as bench_pool's bulk section does: the second deadlock it found had the

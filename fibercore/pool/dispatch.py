@@ -7,7 +7,10 @@
 * Workers pull: a worker holds at most ``prefetch`` chunks (2, more for tiny tasks,
   one at a time for long ones, adapted from measured chunk times). When the queue is
   empty and a worker idles, chunks prefetched by busy workers but not started are
-  stolen back (STEAL), so no task waits behind a slow worker.
+  stolen back (STEAL), so no task waits behind a slow worker. A large chunk (1 MiB of
+  arguments or more, :data:`~fibercore.pool.records.LARGE_CHUNK`) is never prefetched: it
+  waits at the head of the queue for a worker that holds nothing, so no worker keeps a
+  large frame besides the task it runs.
 * A worker whose current chunk has run far longer than usual (:meth:`Dispatch.straggle_after`:
   a long task among short ones) is given nothing more to hold, and what it holds unstarted
   is stolen back, packing or not: the supervisor's thread checks when the first worker
@@ -319,7 +322,7 @@ class Dispatch:
             if chunk.done:
                 self.queue.popleft()
                 continue
-            w = self._next_worker()
+            w = self._idle() if chunk.large else self._next_worker()
             if w is None:
                 break
             self.queue.popleft()

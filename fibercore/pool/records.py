@@ -13,6 +13,7 @@ from typing import Any
 
 from fibercore.pool import protocol as P
 from fibercore.process import Process
+from fibercore.wire.frames import nbytes
 
 #: A worker's life: STARTING (job launched, not connected) -> READY (takes tasks) ->
 #: RETIRING (asked to stop) or LEAVING (said goodbye) -> DEAD (forgotten).
@@ -35,16 +36,26 @@ class Batch:
         self.cancelled: BaseException | None = None  # the error its chunks fail with once cancelled
 
 
+#: A chunk of this many bytes of arguments or more is not prefetched: a worker receives it
+#: only when it holds nothing else, so it never keeps a large task's frame while it runs
+#: another (a multiprocessing worker reads its next task only after the last). The cost, one
+#: round trip between two such chunks, is small beside moving a megabyte.
+LARGE_CHUNK = 1 << 20
+
+
 class Chunk:
     """A slice of a batch; the unit that is queued, sent, retried and answered."""
 
-    __slots__ = ("cid", "batch", "index", "payload", "attempts", "errors", "done", "last_worker")
+    __slots__ = ("cid", "batch", "index", "payload", "large", "attempts", "errors", "done", "last_worker")
 
     def __init__(self, cid: int, batch: Batch, index: int, payload: list[Any]) -> None:
         self.cid = cid
         self.batch = batch
         self.index = index
         self.payload = payload
+        #: Its arguments come to :data:`LARGE_CHUNK` bytes or more: it goes to a worker holding
+        #: nothing (never prefetched behind a running chunk).
+        self.large = sum(map(nbytes, payload)) >= LARGE_CHUNK
         self.attempts = 0
         self.errors = 0  # times its function raised and it was run again (error_handling)
         self.done = False
