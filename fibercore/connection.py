@@ -146,13 +146,14 @@ class Connection:
         if self._watcher is None and not self._closed and self._pid == current_pid():
             self._network.fit_line(self._readable)
 
-    def _next(self, timeout: float | None) -> Message:
-        """Next message; raises TransportTimeout after ``timeout``, EOFError at the end."""
+    def _next(self, timeout: float | None, line_tried: bool = False) -> Message:
+        """Next message; raises TransportTimeout after ``timeout``, EOFError at the end
+        (``line_tried``: the caller's own look at the line found nothing)."""
         inbox = self._inbox
         msg: Message | None = None
         if inbox.messages and self._readable and not self._closed:  # a batch's next message
             msg = inbox.take()
-        elif timeout is None:
+        elif timeout is None and not line_tried:
             line = self._network.line
             if line is not None:  # connected, one peer, nothing buffered: the line
                 msg = line.recv()
@@ -219,7 +220,9 @@ class Connection:
 
     def recv(self) -> Any:
         """Receive an object sent with send(); EOFError when the other end is closed."""
-        op, parts = self._next(None)
+        line = self._network.line  # connected, one peer, nothing buffered: the line first
+        msg = line.recv() if line is not None else None
+        op, parts = msg if msg is not None else self._next(None, line is not None)
         if op == BYTES:  # as multiprocessing: recv() unpickles whatever bytes arrive
             return get_runtime().serializer.loads([parts[0]])
         return get_runtime().serializer.loads(parts)
@@ -240,7 +243,9 @@ class Connection:
     def recv_bytes(self, maxlength: int | None = None) -> bytes:
         if maxlength is not None and maxlength < 0:
             raise ValueError("negative maxlength")
-        op, parts = self._next(None)
+        line = self._network.line  # as in recv()
+        msg = line.recv() if line is not None else None
+        op, parts = msg if msg is not None else self._next(None, line is not None)
         if op == BYTES or len(parts) == 1:
             data = bytes(parts[0])  # for an object: its pickle, as multiprocessing's recv_bytes()
         else:  # a pickle with out-of-band buffers: the same object as one in-band pickle

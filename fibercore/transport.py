@@ -159,7 +159,9 @@ class LineEndpoint(Protocol):
     message goes through them), or None when the endpoint has none for ``peer`` now:
 
     1. ``write(parts, peer=None, block=True)``: what ``send_parts(parts, peer, block)`` does;
-    2. ``read(timeout, peer)``: what ``recv_frame(timeout, peer)`` does (``peer``: the line's).
+    2. ``read(timeout, peer)``: what ``recv_frame(timeout, peer)`` does (``peer``: the line's);
+    3. optionally ``write_two(head, body)``: ``write([head, body])``, blocking (a Pipe message
+       of one part is a frame of two buffers: what the core sends most).
 
     A line stays valid while its peer is connected; after that its calls raise
     TransportClosed or return None, as the endpoint's own would. The core calls ``write``

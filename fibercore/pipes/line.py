@@ -40,8 +40,8 @@ _get_ident = threading.get_ident
 class Line:
     """One connected end's hot path (see the module's docstring)."""
 
-    __slots__ = ("session", "_lock", "_seal_one", "_write", "_read", "_open_one", "_open", "_receiving",
-                 "_address", "sender", "inbox", "readable", "wait", "twin_still_writes")
+    __slots__ = ("session", "_lock", "_seal_one", "_heads", "_write", "_write_two", "_read", "_open_one", "_open",
+                 "_short", "_receiving", "_address", "sender", "inbox", "readable", "wait", "twin_still_writes")
 
     def __init__(self, lane: Lane, sender: Sender | None, inbox: Inbox, readable: bool, wait: float | None,
                  twin_still_writes: Callable[[], bool]) -> None:
@@ -50,9 +50,14 @@ class Line:
         self._lock = session.lock
         self._seal_one = session.sealer.seal_one
         self._write = lane._send_parts
+        # A short frame (a stream's: its one-byte header and the message) goes to the
+        # transport's write of two buffers as it is: no sealing call, no list of parts.
+        self._write_two = lane._send_two
+        self._heads = session.sealer.short_heads if lane._send_two is not None else None
         self._read = lane._recv_frame
         self._open_one = session.opener.open_one
         self._open = session.opener.open
+        self._short = session.opener.short
         self._receiving = lane.channel._receiving
         self._address = lane.channel.address
         #: The end's sender (None until it first sent): the line sends only while it is idle.
@@ -78,10 +83,14 @@ class Line:
         me = _get_ident()
         if session.sending == me:  # re-entered (a finalizer): transmit() defers it
             return False
+        heads = self._heads
         with self._lock:  # transmit() of one message of one part, inlined
             session.sending = me
             try:
-                self._write(self._seal_one(op, parts[0]), session, True)
+                if heads is not None and op < 128:  # seal_one's short frame, inlined
+                    self._write_two(heads[op], parts[0])  # type: ignore[misc]
+                else:
+                    self._write(self._seal_one(op, parts[0]), session, True)
                 if session.deferred:
                     send_deferred(session, self._write)
             finally:
@@ -92,7 +101,8 @@ class Line:
     def recv(self) -> Message | None:
         """The next message, when it comes alone in a frame; None when the layers must look
         (something waits in the inbox, another thread reads, a frame brought several messages
-        or the end, nothing came within :attr:`wait`). EOFError once the connection ended."""
+        or the end, nothing came within :attr:`wait`). EOFError once the connection ended.
+        A frame received marks the end's next send as an answer (never part of a burst)."""
         inbox = self.inbox
         if inbox.messages or inbox.eof or not self.readable or not self._receiving.acquire(False):
             return None
@@ -100,6 +110,13 @@ class Line:
             frame = self._read(self.wait, self.session)
             if frame is None:
                 return None
+            sender = self.sender
+            if sender is not None:  # the next send answers this message: not part of a burst
+                sender.last_put = 0.0
+            if self._short and frame:  # a stream's short frame (open_one's first look, inlined)
+                first = frame[0]
+                if first & 0x80 and first != 0x80 | CLOSE:
+                    return first & 0x7F, [frame[1:]]
             one = self._open_one(frame)
             if one is not None and one[0] != CLOSE:
                 return one

@@ -336,10 +336,16 @@ class TransportConformance:
         if near is None or far is None:
             pytest.skip("this transport offers no line on this connection (TLS, say)")
         # The core writes under the peer's session lock and reads under its receive lock.
-        sizes = [0, 5, 4096, 1 << 20, 9]
+        # A line's optional write_two(head, body) is write([head, body]); a body may be a view.
+        sizes = [0, 5, 4096, 1 << 20, 9, 3, 70000]
+        two = getattr(near, "write_two", None)
         for i, size in enumerate(sizes):
+            head, body = i.to_bytes(4, "little"), bytes([i]) * size
             with dialer.peer.lock:  # type: ignore[attr-defined]
-                (near.write if i % 2 else dialer.send_parts)([i.to_bytes(4, "little"), bytes([i]) * size])
+                if i >= 5 and two is not None:
+                    two(head, body if i == 5 else memoryview(bytearray(body)))
+                else:
+                    (near.write if i % 2 else dialer.send_parts)([head, body])
         got: list[bytes] = []
         deadline = time.monotonic() + self.timeout
         while len(got) < len(sizes) and time.monotonic() < deadline:

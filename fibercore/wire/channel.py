@@ -216,7 +216,7 @@ class Lane:
     Pipe end's sends and receives (a stepped simulator's hot path). Frames are sealed, opened
     and ordered exactly as through the channel, whose other paths stay usable beside it."""
 
-    __slots__ = ("channel", "session", "_send_parts", "_recv_frame", "_receiving")
+    __slots__ = ("channel", "session", "_send_parts", "_send_two", "_recv_frame", "_receiving")
 
     def __init__(self, channel: Channel, session: Session) -> None:
         self.channel = channel
@@ -225,6 +225,8 @@ class Lane:
         line = endpoint.line(session) if isinstance(endpoint, LineEndpoint) else None
         # The endpoint's own calls, or its line's (the same, without a look-up per call).
         self._send_parts = line.write if line is not None else endpoint.send_parts
+        #: The line's write of a frame of two buffers (a Pipe message's), if it has one.
+        self._send_two: Callable[[bytes, Any], None] | None = getattr(line, "write_two", None)
         self._recv_frame = line.read if line is not None else endpoint.recv_frame  # type: ignore[attr-defined]
         self._receiving = channel._receiving
 

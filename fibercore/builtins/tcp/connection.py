@@ -104,6 +104,8 @@ class Conn:
         self.spin_gate = SpinGate()
         self.tls = isinstance(sock, ssl.SSLSocket)
         self._rcvtimeo: float | None = -1.0  # SO_RCVTIMEO last set (-1: never)
+        #: The ``seconds`` :meth:`wait_at_most` last made hold (-1: none holds now).
+        self.asked: float | None = -1.0
         self.hs = hs
         self.session: Session | None = None
         self.label = label
@@ -297,18 +299,20 @@ class Conn:
     def wait_at_most(self, seconds: float | None) -> None:
         """Let a waiting read block up to ``seconds`` (None: until data or EOF), at most
         :data:`IDLE_STEP`; a receive timeout already set within half of that (or a hair
-        over) is kept, so waits of similar lengths cost no setsockopt() each."""
+        over) is kept, so waits of similar lengths cost no setsockopt() each. The last
+        ``seconds`` asked is kept in :attr:`asked` (a caller asking the same again may skip the call)."""
         if seconds is None:
             self.receive_timeout(None)
             return
         target = min(seconds, IDLE_STEP)
         current = self._rcvtimeo
-        if current is not None and current > 0 and target * 0.5 <= current <= target * 1.001:
-            return
-        self.receive_timeout(target)
+        if not (current is not None and current > 0 and target * 0.5 <= current <= target * 1.001):
+            self.receive_timeout(target)
+        self.asked = seconds
 
     def receive_timeout(self, seconds: float | None) -> None:
         """How long a waiting read blocks (None: until data or EOF); a plain socket only."""
+        self.asked = -1.0  # what wait_at_most was asked no longer holds
         if seconds is not None:
             seconds = max(0.001, seconds)  # 0 would mean "forever"
         if seconds == self._rcvtimeo:
@@ -320,14 +324,17 @@ class Conn:
 
     def _recv_into(self, view: memoryview | bytearray, wait: bool = False) -> int:
         try:
-            if self.tls:
+            if wait and self.spin <= 0 and not self.tls:  # the usual one (a Pipe end waiting) first
+                # Through the socket object, never its number: once the reactor closed it, this
+                n = self._recv_into_sock(view)  # raises, where a read of the number could reach another file
+            elif self.tls:
                 n = self.sock.recv_into(view)
             elif not wait:
                 n = self.sock.recv_into(view, 0, _DONTWAIT)
             elif self.spin > 0 and self.spin_gate.open():
                 n = self._spin_then_wait(view)
-            else:  # through the socket object, never its number: once the reactor closed it, this
-                n = self._recv_into_sock(view)  # raises, where a read of the number could reach another file
+            else:
+                n = self._recv_into_sock(view)
         except WOULD_BLOCK:
             raise
         except OSError as exc:
@@ -452,6 +459,27 @@ class Line:
         #: What the endpoint does with a connection that broke, and the error to raise.
         self._broken = broken
         self.read = read
+
+    def write_two(self, head: bytes, body: Any) -> None:
+        """``write([head, body])``, blocking: a frame of one header and one body (a Pipe's
+        message) in one ``sendmsg`` when the socket's buffer takes it."""
+        conn = self._conn  # plain: a line is never made for a TLS connection
+        total = len(head) + (len(body) if type(body) is bytes else _byte_view(body).nbytes)
+        if total > RECORD_MAX:
+            self.write([head, body])
+            return
+        iov = [_HEADER.pack(total), head, body]
+        try:  # Conn.write_record, inlined
+            n = conn._sendmsg(iov)
+        except WOULD_BLOCK:
+            n = 0
+        except OSError as exc:
+            raise self._broken(conn, str(exc)) from None
+        if n != total + 4:  # the rest as room comes (byte views only, none empty)
+            try:
+                conn._write_all(_after(iov, n), True, None)
+            except Broken as exc:
+                raise self._broken(conn, str(exc)) from None
 
     def write(self, parts: list[Any], peer: Hashable = None, block: bool = True) -> None:
         """The endpoint's ``send_parts`` to this connection, without its send lock: the

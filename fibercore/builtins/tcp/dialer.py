@@ -114,7 +114,7 @@ class TcpDialer:
                 conn.receive_timeout(None)
         elif timeout <= 0:
             return None
-        else:
+        elif timeout != conn.asked:  # a line asks the same wait each time: set once
             conn.wait_at_most(timeout)
         try:
             return conn.read_one(self._inbox.append)
