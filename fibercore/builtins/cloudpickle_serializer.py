@@ -54,6 +54,10 @@ _OOB_BYTES = 1 << 16
 _WALK_BUDGET = 256
 
 
+#: numpy's scalar types met so far (``np.float32``, ``np.bool_`` ...): plain, known at one look.
+_NUMPY_SCALARS: set[type] = set()
+
+
 def _plain_data(obj: Any) -> int:
     """0 unless ``obj`` is data the C pickler writes exactly as cloudpickle would: the plain
     types, tuples, lists and dicts of them, and numpy arrays and scalars without Python
@@ -76,7 +80,7 @@ def _plain_data(obj: Any) -> int:
         # A flat tuple (an RL step's (obs, reward, terminated, truncated), a task's arguments):
         # its types looked at in one pass, its arrays alone one by one.
         odd = set(map(type, obj)) - _SCALARS
-        if not odd:
+        if not odd or odd <= _NUMPY_SCALARS:  # (an action sent as ("step", np.int64(1)))
             return 1
         if ndarray is not None and len(odd) == 1 and ndarray in odd:
             found = 1
@@ -111,8 +115,10 @@ def _plain_data(obj: Any) -> int:
                 return 0
             if item.nbytes >= _OOB_MIN:
                 found = 2
+        elif kind in _NUMPY_SCALARS:
+            continue
         elif generic is not None and isinstance(item, generic) and kind.__module__ == "numpy":
-            continue  # a numpy scalar (there is no object scalar: numpy gives the object itself)
+            _NUMPY_SCALARS.add(kind)  # a numpy scalar (there is no object scalar: numpy gives the object itself)
         else:
             return 0
     return 3 if big_bytes else found
