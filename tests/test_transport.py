@@ -256,6 +256,8 @@ class _Local:
     ({"obs": np.ones((2, 3)), "reward": np.float32(1.5), "done": np.bool_(True)}, 1),
     (("step", np.int64(1)), 1),  # gymnasium's and SB3's command to a simulator
     (("step", np.int64(1), np.float32(2)), 1),
+    (("row", np.zeros(1, dtype=[("f", "i4")])[0]), 1),
+    (("row", np.zeros(1, dtype=[("f", "O")])[0]), 0),  # a structured row may hold objects
     ([1, "a", b"b", None, 2.5, 3j, (1, 2)], 1),
     ((np.zeros(1024, dtype=np.float32), 1), 2),  # 4 KiB: out of band
     ([b"x" * 70_000, 1], 3),  # large bytes: out of band too

@@ -118,7 +118,14 @@ def _plain_data(obj: Any) -> int:
         elif kind in _NUMPY_SCALARS:
             continue
         elif generic is not None and isinstance(item, generic) and kind.__module__ == "numpy":
-            _NUMPY_SCALARS.add(kind)  # a numpy scalar (there is no object scalar: numpy gives the object itself)
+            # A numpy scalar (there is no object scalar: numpy gives the object itself), but a
+            # structured one (np.void, np.record: a row) may hold objects in its fields: looked
+            # at each time, never remembered.
+            if isinstance(item, np.void):
+                if item.dtype.hasobject:
+                    return 0
+            else:
+                _NUMPY_SCALARS.add(kind)
         else:
             return 0
     return 3 if big_bytes else found

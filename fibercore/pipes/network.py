@@ -93,9 +93,12 @@ class NetworkPath:
         lane = self.current_lane()
         if lane is None:
             return
-        self.line = Line(lane, self.sender, self.inbox, readable, None if self._untimed() else 0.5,
+        sender = self.sender
+        self.line = Line(lane, sender, self.inbox, readable, None if self._untimed() else 0.5,
                          self.twin_still_writes)
-        if self._peer_events != seen:  # a peer came or went meanwhile: its lane may be stale
+        # A peer came or went meanwhile (its lane may be stale), or the sender started (the
+        # line must know it: it sends only while the sender is idle, and marks its answers).
+        if self._peer_events != seen or self.sender is not sender:
             self.line = None
 
     def _on_peer(self, peer: Any, added: bool) -> None:

@@ -205,8 +205,9 @@ def checkout_in_use() -> Path | None:
 
 def _found_only_through_cwd(root: Path) -> bool:
     """True when ``root`` is importable only because Python put the current directory first
-    (``python -m`` run inside a checkout) while fibercore is installed here from a wheel: the
-    user's programs, run from anywhere else, use the installed one, so the image takes it."""
+    (``python -m`` run inside a checkout) while fibercore is installed here from a wheel, or in
+    place from another checkout: the user's programs, run from anywhere else, use the installed
+    one, so the image takes it."""
     if Path.cwd().resolve() != root:
         return False
     pythonpath = [Path(p).resolve() for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
@@ -214,8 +215,9 @@ def _found_only_through_cwd(root: Path) -> bool:
         return False
     for dist in metadata.distributions(name="fibercore"):
         where = Path(str(dist.locate_file(""))).resolve()
-        if where != root and _editable_dir(dist) is None:
-            return True
+        editable = _editable_dir(dist)
+        if where != root and (editable is None or editable.resolve() != root):
+            return True  # installed from a wheel, or in place from another checkout
     return False
 
 
