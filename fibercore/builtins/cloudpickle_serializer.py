@@ -121,7 +121,7 @@ def _plain_data(obj: Any) -> int:
             # A numpy scalar (there is no object scalar: numpy gives the object itself), but a
             # structured one (np.void, np.record: a row) may hold objects in its fields: looked
             # at each time, never remembered.
-            if isinstance(item, np.void):
+            if item.dtype.kind == "V":  # np.void and np.record
                 if item.dtype.hasobject:
                     return 0
             else:
