@@ -161,8 +161,10 @@ def test_ctrl_c_in_the_middle_of_a_map_leaves_the_bar_where_it_was(tmp_path):
     script = tmp_path / "interrupted.py"
     script.write_text(_INTERRUPTED)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
+    # Ctrl-C as in a terminal: a runner started in the background (`cmd &`) ignores SIGINT, and
+    # the program would inherit that and never see the interrupt (as in test_newcomer).
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env=env, cwd=tmp_path)
+                            env=env, cwd=tmp_path, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert proc.stdout is not None
     try:
         out = b""
