@@ -146,18 +146,19 @@ class Connection:
         if self._watcher is None and not self._closed and self._pid == current_pid():
             self._network.fit_line(self._readable)
 
-    def _next(self, timeout: float | None, line_tried: bool = False) -> Message:
-        """Next message; raises TransportTimeout after ``timeout``, EOFError at the end
-        (``line_tried``: the caller's own look at the line found nothing)."""
+    def _take(self) -> Message:
+        """The next message, however long it takes: the line's when the end has one (connected,
+        one peer, nothing buffered; it marks the next send an answer), else :meth:`_next`'s."""
+        line = self._network.line
+        msg = line.recv() if line is not None else None
+        return msg if msg is not None else self._next(None)
+
+    def _next(self, timeout: float | None) -> Message:
+        """Next message through the layers; raises TransportTimeout after ``timeout``, EOFError at the end."""
         inbox = self._inbox
-        msg: Message | None = None
         if inbox.messages and self._readable and not self._closed:  # a batch's next message
             msg = inbox.take()
-        elif timeout is None and not line_tried:
-            line = self._network.line
-            if line is not None:  # connected, one peer, nothing buffered: the line
-                msg = line.recv()
-        if msg is None:
+        else:
             msg = self._next_through_layers(timeout)
         sender = self._network.sender
         if sender is not None:  # the next send answers this message: not part of a burst
@@ -220,9 +221,7 @@ class Connection:
 
     def recv(self) -> Any:
         """Receive an object sent with send(); EOFError when the other end is closed."""
-        line = self._network.line  # connected, one peer, nothing buffered: the line first
-        msg = line.recv() if line is not None else None
-        op, parts = msg if msg is not None else self._next(None, line is not None)
+        op, parts = self._take()
         if op == BYTES:  # as multiprocessing: recv() unpickles whatever bytes arrive
             return get_runtime().serializer.loads([parts[0]])
         return get_runtime().serializer.loads(parts)
@@ -243,9 +242,7 @@ class Connection:
     def recv_bytes(self, maxlength: int | None = None) -> bytes:
         if maxlength is not None and maxlength < 0:
             raise ValueError("negative maxlength")
-        line = self._network.line  # as in recv()
-        msg = line.recv() if line is not None else None
-        op, parts = msg if msg is not None else self._next(None, line is not None)
+        op, parts = self._take()
         if op == BYTES or len(parts) == 1:
             data = bytes(parts[0])  # for an object: its pickle, as multiprocessing's recv_bytes()
         else:  # a pickle with out-of-band buffers: the same object as one in-band pickle
@@ -269,7 +266,7 @@ class Connection:
     def poll(self, timeout: float | None = 0.0) -> bool:
         """Whether there is data to read, waiting up to ``timeout`` seconds (None: forever)."""
         try:
-            msg = self._next(timeout)
+            msg = self._take() if timeout is None else self._next(timeout)
         except TransportTimeout:
             return False
         except EOFError:

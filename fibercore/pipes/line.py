@@ -30,10 +30,11 @@ from fibercore.pipes import CLOSE
 from fibercore.pipes.inbox import Inbox, Message
 from fibercore.wire import Sender
 from fibercore.wire.channel import Lane, send_deferred
-from fibercore.wire.frames import BadFrame, reject
+from fibercore.wire.frames import SHORT, BadFrame, reject
 from fibercore.wire.sender import BURST_GAP
 
 _clock = time.perf_counter
+_SHORT_CLOSE = SHORT | CLOSE  # the end of the pipe as a short frame: filed in the inbox
 _get_ident = threading.get_ident
 
 
@@ -87,7 +88,7 @@ class Line:
         with self._lock:  # transmit() of one message of one part, inlined
             session.sending = me
             try:
-                if heads is not None and op < 128:  # seal_one's short frame, inlined
+                if heads is not None and op < SHORT:  # seal_one's short frame, inlined
                     self._write_two(heads[op], parts[0])  # type: ignore[misc]
                 else:
                     self._write(self._seal_one(op, parts[0]), session, True)
@@ -115,8 +116,8 @@ class Line:
                 sender.last_put = 0.0
             if self._short and frame:  # a stream's short frame (open_one's first look, inlined)
                 first = frame[0]
-                if first & 0x80 and first != 0x80 | CLOSE:
-                    return first & 0x7F, [frame[1:]]
+                if first & SHORT and first != _SHORT_CLOSE:
+                    return first & ~SHORT, [frame[1:]]
             one = self._open_one(frame)
             if one is not None and one[0] != CLOSE:
                 return one

@@ -361,7 +361,7 @@ def _decrypt_in_place(dec: Any, data: memoryview) -> None:
 
 _NO_TAG = bytes(TAG_SIZE)
 #: The bit that marks a short frame's first byte (a counted frame's is its tag's: zero).
-_SHORT = 0x80
+SHORT = _SHORT = 0x80
 _SHORT_HEAD = [bytes([_SHORT | op]) for op in range(_SHORT)]
 
 

@@ -104,7 +104,8 @@ class Conn:
         self.spin_gate = SpinGate()
         self.tls = isinstance(sock, ssl.SSLSocket)
         self._rcvtimeo: float | None = -1.0  # SO_RCVTIMEO last set (-1: never)
-        #: The ``seconds`` :meth:`wait_at_most` last made hold (-1: none holds now).
+        #: The ``seconds`` :meth:`wait_at_most` last made hold (-1: none holds now): a wait kept
+        #: within the tolerance differs from SO_RCVTIMEO, so a caller asking the same again looks here.
         self.asked: float | None = -1.0
         self.hs = hs
         self.session: Session | None = None
@@ -299,8 +300,8 @@ class Conn:
     def wait_at_most(self, seconds: float | None) -> None:
         """Let a waiting read block up to ``seconds`` (None: until data or EOF), at most
         :data:`IDLE_STEP`; a receive timeout already set within half of that (or a hair
-        over) is kept, so waits of similar lengths cost no setsockopt() each. The last
-        ``seconds`` asked is kept in :attr:`asked` (a caller asking the same again may skip the call)."""
+        over) is kept, so waits of similar lengths cost no setsockopt() each; ``seconds`` is kept
+        in :attr:`asked`."""
         if seconds is None:
             self.receive_timeout(None)
             return
@@ -324,17 +325,14 @@ class Conn:
 
     def _recv_into(self, view: memoryview | bytearray, wait: bool = False) -> int:
         try:
-            if wait and self.spin <= 0 and not self.tls:  # the usual one (a Pipe end waiting) first
-                # Through the socket object, never its number: once the reactor closed it, this
-                n = self._recv_into_sock(view)  # raises, where a read of the number could reach another file
-            elif self.tls:
+            if self.tls:
                 n = self.sock.recv_into(view)
             elif not wait:
                 n = self.sock.recv_into(view, 0, _DONTWAIT)
             elif self.spin > 0 and self.spin_gate.open():
                 n = self._spin_then_wait(view)
-            else:
-                n = self._recv_into_sock(view)
+            else:  # through the socket object, never its number: once the reactor closed it, this
+                n = self._recv_into_sock(view)  # raises, where a read of the number could reach another file
         except WOULD_BLOCK:
             raise
         except OSError as exc:
@@ -460,39 +458,28 @@ class Line:
         self._broken = broken
         self.read = read
 
-    def write_two(self, head: bytes, body: Any) -> None:
+    def write_two(self, head: Any, body: Any) -> None:
         """``write([head, body])``, blocking: a frame of one header and one body (a Pipe's
         message) in one ``sendmsg`` when the socket's buffer takes it."""
         conn = self._conn  # plain: a line is never made for a TLS connection
-        total = len(head) + (len(body) if type(body) is bytes else _byte_view(body).nbytes)
-        if total > RECORD_MAX:
-            self.write([head, body])
-            return
-        iov = [_HEADER.pack(total), head, body]
-        try:  # Conn.write_record, inlined
-            n = conn._sendmsg(iov)
-        except WOULD_BLOCK:
-            n = 0
-        except OSError as exc:
+        try:
+            total = ((head.nbytes if type(head) is memoryview else len(head))
+                     + (len(body) if type(body) is bytes else _byte_view(body).nbytes))
+            if total <= RECORD_MAX:
+                conn.write_record([_HEADER.pack(total), head, body], total)
+            else:
+                conn.write([head, body], True)
+        except Broken as exc:
             raise self._broken(conn, str(exc)) from None
-        if n != total + 4:  # the rest as room comes (byte views only, none empty)
-            try:
-                conn._write_all(_after(iov, n), True, None)
-            except Broken as exc:
-                raise self._broken(conn, str(exc)) from None
 
     def write(self, parts: list[Any], peer: Hashable = None, block: bool = True) -> None:
         """The endpoint's ``send_parts`` to this connection, without its send lock: the
         caller holds the peer's session lock, as the core does for every frame it sends."""
+        if block and len(parts) == 2:  # a header and a body (a Pipe's message): no loop
+            self.write_two(parts[0], parts[1])
+            return
         conn = self._conn
         try:
-            if block and len(parts) == 2:  # a header and a body (a Pipe's message): no loop
-                head, body = parts
-                total = ((head.nbytes if type(head) is memoryview else len(head))
-                         + (body.nbytes if type(body) is memoryview else len(body)))
-                if total <= RECORD_MAX:
-                    conn.write_record([_HEADER.pack(total), head, body], total)
-                    return
             conn.write(parts, block)
         except Broken as exc:
             raise self._broken(conn, str(exc)) from None
