@@ -38,6 +38,13 @@ A transport may pass ``private=True`` to ``auth.listener``/``auth.dialer`` for a
 connection no third process can write into (a Unix-domain stream whose peer's user it
 checked); both ends' views enter the proofs, and frames on such a connection are counted
 but carry no MAC. Frames on any other connection are encrypted by the core.
+
+Streamed frames (optional): a transport that can write a frame piece by piece calls
+``session.stream_large_frames()`` on each session it makes. The last part of such a
+session's large frames may then be a :class:`Pieces`: ``len()`` of it is its size, and
+iterating it gives the bytes one buffer at a time, each valid only until the next is asked
+for (the core encrypts into one reused buffer while the transport sends). A transport that
+never calls it never gets one.
 """
 
 from __future__ import annotations
@@ -48,12 +55,14 @@ from typing import Any, Protocol, runtime_checkable
 # What a transport gets from the core and may name: the authenticator of an endpoint, the
 # session a connection becomes, the limits, and the largest handshake message.
 from fibercore.wire.admission import make_room, peer_identity
+from fibercore.wire.frames import Pieces
 from fibercore.wire.handshake import MAX_HANDSHAKE_FRAME, Authenticator, Limits, Session
 
 PeerCallback = Callable[[Hashable, bool], None]  # (peer, added?)
 
 __all__ = ["MAX_HANDSHAKE_FRAME", "Authenticator", "DialEndpoint", "Endpoint", "FlowControl", "LaneEndpoint",
-           "LineEndpoint", "Limits", "PeerCallback", "Session", "Transport", "Wakeable", "make_room", "peer_identity"]
+           "LineEndpoint", "Limits", "PeerCallback", "Pieces", "Session", "Transport", "Wakeable", "make_room",
+           "peer_identity"]
 
 
 @runtime_checkable

@@ -10,6 +10,7 @@ of other formats than bytes, such as a numpy array's) and with ``block=False``.
 from __future__ import annotations
 
 import array
+import socket
 import threading
 import time
 
@@ -225,17 +226,20 @@ def test_a_network_frame_of_one_message_opens_at_once_and_a_batch_is_verified_on
             opener.open(frame)
 
 
-def test_a_peer_of_the_protocol_before_short_frames_is_refused_in_the_handshake():
+@pytest.mark.parametrize("older", [b"FIBERv4\x00", b"FIBERv5\x00"])
+def test_a_peer_of_an_earlier_protocol_is_refused_in_the_handshake(older):
     """Version 4 knew no short frames and would misread them (its counters thrown off, every
-    later frame refused as a replay): its HELLO is refused before anything else happens."""
+    later frame refused as a replay); version 5 knew no streamed frames (the tag last) and would
+    drop the connection at the first large message: their HELLO is refused before anything
+    else happens."""
     from fibercore.wire.handshake import MAGIC, Handshake, HandshakeFailed
 
-    assert MAGIC == b"FIBERv5\x00"
+    assert MAGIC == b"FIBERv6\x00"
     listener = Handshake(b"k" * 32, b"pair/pipe", b"i" * 16, True, "test", private=True)
     dialer = Handshake(b"k" * 32, b"pair/pipe", None, False, "test", private=True)
     hello = bytes(listener.start() or b"")
     with pytest.raises(HandshakeFailed, match="another protocol version"):
-        dialer.feed(b"FIBERv4\x00" + hello[len(MAGIC):])
+        dialer.feed(older + hello[len(MAGIC):])
 
 
 def test_a_short_frame_is_one_byte_of_header_on_a_connected_pipe():
@@ -316,3 +320,32 @@ def test_a_big_array_in_plain_data_travels_out_of_band():
     assert len(parts) == 2 and memoryview(parts[1]).nbytes == 800_000
     back = s.loads([parts[0], bytearray(parts[1])])
     assert np.array_equal(back[0], value[0]) and back[1] == 3 and back[0].flags.writeable
+
+
+@pytest.mark.builtin_transport  # the built-in transport's record writer
+@pytest.mark.parametrize("told, given", [(5 << 20, 6 << 20), (6 << 20, 5 << 20)])
+def test_pieces_that_do_not_come_to_their_announced_size_break_the_connection(told, given):
+    """A :class:`Pieces` whose bytes are more or fewer than its ``len()`` is a broken frame: the
+    writer stops with Broken (the connection is closed by its endpoint) instead of sending
+    records whose lengths lie, or looping."""
+    from fibercore.builtins.tcp.connection import Broken, Conn
+    from fibercore.transport import Pieces
+
+    class Lying(Pieces):
+        def __len__(self) -> int:
+            return told
+
+        def __iter__(self):
+            for _ in range(given >> 20):
+                yield memoryview(bytearray(1 << 20))
+
+    here, there = socket.socketpair()
+    drained = threading.Thread(target=lambda: [None for _ in iter(lambda: there.recv(1 << 20), b"")], daemon=True)
+    drained.start()
+    try:
+        with pytest.raises(Broken, match="announced"):
+            Conn(here, None, "test").write([b"head", Lying()])  # type: ignore[arg-type]
+    finally:
+        here.close()
+        drained.join(10)
+        there.close()

@@ -13,6 +13,16 @@ this direction, :mod:`fibercore.wire.handshake`; nonce = counter, 12 bytes LE). 
 crosses a network is so confidential even without TLS, and behind a TLS relay that
 holds a certificate of the same CA.
 
+A large frame on a transport that takes :class:`Pieces` (the built-in one) is *streamed*:
+encrypted piece by piece as the transport sends it, so its first bytes leave before its last
+are encrypted, and no second copy of it is made. Its tag is known only at its end, so it goes
+there, and sixteen zero bytes stand where a tag stands::
+
+    streamed = zero(16) || counter || ciphertext || tag(16)
+
+A real tag is all zeros with probability 2^-128, so the receiver tells the two apart by
+them; a frame altered into that shape fails authentication as any other.
+
 With ``network_encryption=False`` (:class:`ClearSealer`) nothing is encrypted: ``tag`` is
 the AES-GMAC of the whole body (the GCM tag with the body as associated data), so a frame is
 still authenticated, counted and bound to its connection and direction, but readable on the
@@ -58,8 +68,12 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 log = logging.getLogger("fibercore.wire")
 
 TAG_SIZE = 16
+_NO_TAG = bytes(TAG_SIZE)
 _BIG = sys.byteorder == "big"
 _ONE_SHOT_MAX = 64 << 10  # smaller frames are joined and tagged in one call
+#: Frames over this size are streamed where the transport takes :class:`Pieces`.
+STREAM_MIN = 4 << 20
+_PIECE = 1 << 20  # ciphertext made per piece of a streamed frame (one reused buffer)
 _IN_PLACE_STEP = 1 << 20  # a large frame is decrypted over itself this much at a time ...
 _IN_PLACE_TAIL = 1 << 10  # ... but for its last bytes, decrypted into a copy
 _FIXED_WORDS = 3  # counter, nwords, nmsgs
@@ -112,6 +126,57 @@ def _words(values: array) -> bytes:
     return values.tobytes()
 
 
+class Pieces:
+    """The rest of a frame, made piece by piece as the transport asks for it (the transport
+    contract, :mod:`fibercore.transport`): ``len()`` is its size in bytes, known before the
+    first piece; iterating gives byte buffers, each valid only until the next is asked for
+    (their memory is reused), so the transport writes each out before it asks again.
+    Iterated once."""
+
+    __slots__ = ()
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def __iter__(self) -> Any:
+        raise NotImplementedError
+
+
+class _Encrypting(Pieces):
+    """A streamed frame's ciphertext and then its tag: the parts encrypted into one buffer of
+    :data:`_PIECE` bytes, a piece at a time."""
+
+    __slots__ = ("_enc", "_parts", "_size", "_out")
+
+    def __init__(self, enc: Any, parts: list[Any], size: int) -> None:
+        self._enc = enc
+        self._parts = parts
+        self._size = size + TAG_SIZE
+        self._out = bytearray(_PIECE + TAG_SIZE)  # update_into wants a block's slack
+
+    def __len__(self) -> int:
+        return self._size
+
+    def __iter__(self) -> Any:
+        enc, parts, out = self._enc, self._parts, memoryview(self._out)
+        self._parts = []
+        pos = 0
+        for part in parts:
+            view = part if type(part) is memoryview else memoryview(part)
+            if view.format != "B" or view.ndim != 1:
+                view = view.cast("B")
+            while view:
+                take = min(_PIECE - pos, len(view))
+                pos += enc.update_into(view[:take], out[pos:])
+                view = view[take:]
+                if pos == _PIECE:
+                    yield out[:pos]
+                    pos = 0
+        enc.finalize()
+        out[pos:pos + TAG_SIZE] = enc.tag
+        yield out[:pos + TAG_SIZE]
+
+
 class Sealer:
     """One direction of one connection: its key and frame counter.
 
@@ -122,6 +187,9 @@ class Sealer:
     #: A stream's sealer: the one-byte header of a short frame of each op below 128, which
     #: :meth:`seal_one` gives as it is (see :class:`StreamSealer`); None: every frame is sealed.
     short_heads: list[bytes] | None = None
+    #: The transport takes a frame's last part as :class:`Pieces` (set through
+    #: :meth:`fibercore.wire.handshake.Session.stream_large_frames`): large frames are streamed.
+    pieces = False
 
     def __init__(self, key: bytes) -> None:
         self._aead = AESGCM(key)
@@ -137,6 +205,10 @@ class Sealer:
         if size <= _ONE_SHOT_MAX:
             sealed = memoryview(self._aead.encrypt(nonce, b"".join([words, *payload]), counter))
             return [sealed[-TAG_SIZE:], counter, sealed[:-TAG_SIZE]]
+        if size > STREAM_MIN and self.pieces:
+            enc = Cipher(self._aes, modes.GCM(nonce)).encryptor()
+            enc.authenticate_additional_data(counter)
+            return [_NO_TAG + counter, _Encrypting(enc, [words, *payload], len(words) + size)]
         return self._seal_streaming(nonce, counter, words, payload)
 
     def seal_one(self, op: int, part: Any) -> list[Any]:
@@ -318,9 +390,12 @@ class Opener:
         """The frame's body (counter, words, payload) in clear, into a new writable buffer."""
         head = TAG_SIZE + 8
         nonce = counter.to_bytes(12, "little") if counter < 1 << 96 else b""
+        tag = view[:TAG_SIZE]
+        if len(view) > STREAM_MIN and tag == _NO_TAG:  # a streamed frame: its tag is at its end
+            tag, view = view[-TAG_SIZE:], view[:-TAG_SIZE]
         if len(view) <= _ONE_SHOT_MAX:  # one call (a Cipher object per frame costs more than the copies)
             try:
-                clear = self._aead.decrypt(nonce, b"".join((view[head:], view[:TAG_SIZE])), view[TAG_SIZE:head])
+                clear = self._aead.decrypt(nonce, b"".join((view[head:], tag)), view[TAG_SIZE:head])
             except (InvalidTag, ValueError):
                 raise BadFrame("bad authentication tag") from None
             body = bytearray(8 + len(clear))
@@ -328,7 +403,7 @@ class Opener:
             body[8:] = clear
             return memoryview(body)
         try:
-            dec = Cipher(self._aes, modes.GCM(nonce, bytes(view[:TAG_SIZE]))).decryptor()
+            dec = Cipher(self._aes, modes.GCM(nonce, bytes(tag))).decryptor()
         except (ValueError, OverflowError):
             raise BadFrame("bad counter") from None
         dec.authenticate_additional_data(view[TAG_SIZE:head])
@@ -359,7 +434,6 @@ def _decrypt_in_place(dec: Any, data: memoryview) -> None:
     data[pos:] = dec.update(data[pos:])
 
 
-_NO_TAG = bytes(TAG_SIZE)
 #: The bit that marks a short frame's first byte (a counted frame's is its tag's: zero).
 SHORT = _SHORT = 0x80
 _SHORT_HEAD = [bytes([_SHORT | op]) for op in range(_SHORT)]

@@ -49,9 +49,10 @@ from typing import Any
 
 from fibercore.wire.frames import ClearOpener, ClearSealer, Opener, Sealer, StreamOpener, StreamSealer
 
-#: The protocol version (v5: a private stream's short frames, :mod:`fibercore.wire.frames`): a
-#: peer of another version is refused in the handshake, never left to misread frames.
-MAGIC = b"FIBERv5\x00"
+#: The protocol version (v5: a private stream's short frames; v6: streamed large frames with
+#: their tag last, :mod:`fibercore.wire.frames`): a peer of another version is refused in the
+#: handshake, never left to misread frames.
+MAGIC = b"FIBERv6\x00"
 NONCE = 32
 MAC = 32
 IDENTITY = 16
@@ -111,6 +112,12 @@ class Session:
         #: Only the two processes can write into this connection (and both are on one
         #: machine: the kernel ends it at once when either exits).
         self.private = private
+
+    def stream_large_frames(self) -> None:
+        """Called by a transport that takes a frame's last part as
+        :class:`fibercore.transport.Pieces`: this session's large frames are then encrypted
+        as they are sent (:mod:`fibercore.wire.frames`)."""
+        self.sealer.pieces = True
 
     def __repr__(self) -> str:
         return f"<peer {self.label}>"
