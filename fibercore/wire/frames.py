@@ -14,9 +14,10 @@ crosses a network is so confidential even without TLS, and behind a TLS relay th
 holds a certificate of the same CA.
 
 A large frame on a transport that takes :class:`Pieces` (the built-in one) is *streamed*:
-encrypted piece by piece as the transport sends it, so its first bytes leave before its last
-are encrypted, and no second copy of it is made. Its tag is known only at its end, so it goes
-there, and sixteen zero bytes stand where a tag stands::
+encrypted (or, without encryption, authenticated) piece by piece as the transport sends it,
+so its first bytes leave before its last are sealed, and no second copy of it is made. Its
+tag is known only at its end, so it goes there, and sixteen zero bytes stand where a tag
+stands::
 
     streamed = zero(16) || counter || ciphertext || tag(16)
 
@@ -526,12 +527,43 @@ class ClearSealer(Sealer):
             return [self._aead.encrypt(nonce, b"", b"".join([head, *payload])), head, *payload]
         mac = Cipher(self._aes, modes.GCM(nonce)).encryptor()
         mac.authenticate_additional_data(head)
+        if size > STREAM_MIN and self.pieces:  # streamed: tagged as it is sent, the tag last
+            return [_NO_TAG, head, _Authenticating(mac, payload, size)]
         for part in payload:
             if isinstance(part, memoryview) and (part.format != "B" or part.ndim != 1):
                 part = part.cast("B")
             mac.authenticate_additional_data(part)
         mac.finalize()
         return [mac.tag, head, *payload]
+
+
+class _Authenticating(Pieces):
+    """A streamed clear frame's payload, given as it is (no copy) a piece at a time while each
+    piece enters its GMAC, and then the tag."""
+
+    __slots__ = ("_mac", "_parts", "_size")
+
+    def __init__(self, mac: Any, parts: list[Any], size: int) -> None:
+        self._mac = mac
+        self._parts = parts
+        self._size = size + TAG_SIZE
+
+    def __len__(self) -> int:
+        return self._size
+
+    def __iter__(self) -> Any:
+        mac, parts = self._mac, self._parts
+        self._parts = []
+        for part in parts:
+            view = part if type(part) is memoryview else memoryview(part)
+            if view.format != "B" or view.ndim != 1:
+                view = view.cast("B")
+            for start in range(0, len(view), _PIECE):
+                piece = view[start:start + _PIECE]
+                mac.authenticate_additional_data(piece)
+                yield piece
+        mac.finalize()
+        yield mac.tag
 
 
 class ClearOpener(Opener):
@@ -551,12 +583,14 @@ class ClearOpener(Opener):
 
     def _verify(self, view: memoryview, counter: int) -> memoryview:
         nonce = counter.to_bytes(12, "little") if counter < 1 << 96 else b""
-        body = view[TAG_SIZE:]
+        tag, body = view[:TAG_SIZE], view[TAG_SIZE:]
+        if len(view) > STREAM_MIN and tag == _NO_TAG:  # a streamed frame: its tag is at its end
+            tag, body = view[-TAG_SIZE:], view[TAG_SIZE:-TAG_SIZE]
         try:
             if len(view) <= _ONE_SHOT_MAX:
-                self._aead.decrypt(nonce, bytes(view[:TAG_SIZE]), body)
+                self._aead.decrypt(nonce, bytes(tag), body)
             else:
-                check = Cipher(self._aes, modes.GCM(nonce, bytes(view[:TAG_SIZE]))).decryptor()
+                check = Cipher(self._aes, modes.GCM(nonce, bytes(tag))).decryptor()
                 check.authenticate_additional_data(body)
                 check.finalize()
         except (InvalidTag, ValueError, OverflowError):
