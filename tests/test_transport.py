@@ -10,9 +10,13 @@ of other formats than bytes, such as a numpy array's) and with ``block=False``.
 from __future__ import annotations
 
 import array
+import os
 import socket
+import struct
+import sys
 import threading
 import time
+from typing import Any
 
 import numpy as np
 import pytest
@@ -349,3 +353,165 @@ def test_pieces_that_do_not_come_to_their_announced_size_break_the_connection(to
         here.close()
         drained.join(10)
         there.close()
+
+
+@pytest.fixture
+def network_pair(monkeypatch):
+    """A router channel and a channel dialled to it over TCP (the network path: encrypted,
+    large frames streamed), and the dialler as the listener's peer."""
+    from fibercore.builtins.tcp import local as tcp_local
+    from tests.helpers import connected_router
+
+    monkeypatch.setattr(tcp_local, "LOCAL_SOCKETS", False)
+    listener, dialler, peer = connected_router(get_runtime())
+    assert not peer.private and peer.sealer.pieces and dialler.endpoint.peer.sealer.pieces
+    yield listener, dialler, peer
+    dialler.close()
+    listener.close()
+
+
+@pytest.mark.builtin_transport
+def test_a_connected_ends_line_streams_a_large_message_over_the_network(network_pair):
+    """A connected Pipe end's line (``write_two``) takes a streamed frame: a 10 MiB array sent
+    through the lane arrives whole (the line once passed the pieces on as a buffer)."""
+    listener, dialler, _ = network_pair
+    lane = dialler.lane()
+    assert lane is not None and lane._send_two is not None, "the dialled end has a line"
+    big = np.arange((10 << 20) // 8, dtype=np.float64)
+    sender = threading.Thread(target=lane.send, args=(5, [memoryview(big)]))
+    sender.start()
+    [(op, got)], _ = listener.recv(30)
+    sender.join(30)
+    assert op == 5 and np.array_equal(np.frombuffer(got[0], dtype=np.float64), big)
+
+
+def _slow_socket_pair(rcvbuf: int = 64 << 10) -> tuple[socket.socket, socket.socket]:
+    a, b = socket.socketpair()
+    for s in (a, b):
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, rcvbuf)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    return a, b
+
+
+@pytest.mark.builtin_transport
+def test_non_blocking_streamed_frames_are_never_cut_and_each_opens():
+    """``block=False`` writes of streamed frames to a slow reader, tried again on
+    TransportTimeout (sealed anew, as the core does): the stream parses into exactly the
+    frames sent, each authentic (a write that gave up in the middle of a frame would leave a
+    part of one in the stream)."""
+    from fibercore.builtins.tcp.connection import RECORD_MAX, Conn
+    from fibercore.wire.frames import Opener, Sealer
+
+    a, b = _slow_socket_pair()
+    stream = bytearray()
+
+    def slow() -> None:
+        while data := b.recv(256 << 10):
+            stream.extend(data)
+            time.sleep(0.001)
+
+    reader = threading.Thread(target=slow)
+    reader.start()
+    sealer = Sealer(b"k" * 32)
+    sealer.pieces = True
+    writer = Conn(a, None, "writer")  # type: ignore[arg-type]
+    sent = [bytes([i]) * ((5 << 20) + i) for i in range(4)]
+    for payload in sent:
+        while True:
+            try:
+                writer.write(sealer.seal([(1, [payload])]), block=False)
+                break
+            except TransportTimeout:
+                time.sleep(0.0005)
+    a.shutdown(socket.SHUT_WR)
+    reader.join(60)
+    a.close()
+    b.close()
+    parser = Conn(socket.socket(), None, "parser")  # type: ignore[arg-type]
+    parser.session, parser.max_record, parser.max_frame = object(), RECORD_MAX, 1 << 30  # type: ignore[assignment]
+    frames: list[bytes] = []
+    parser._parse(memoryview(stream), lambda frame: frames.append(bytes(frame)))
+    parser.sock.close()
+    opener = Opener(b"k" * 32)
+    assert [bytes(opener.open(bytearray(f))[0][1][0]) for f in frames] == sent
+
+
+@pytest.mark.builtin_transport
+def test_a_non_blocking_streamed_frame_to_a_reader_too_slow_for_it_gives_up_within_partial_wait(monkeypatch):
+    """``block=False`` sends nothing or the whole frame within PARTIAL_WAIT, also when the frame
+    is streamed piece by piece: a reader that takes 64 kB every 20 ms (at least 13 s for 40 MiB)
+    makes the writer give the connection up (Broken), where it once waited per piece."""
+    from fibercore.builtins.tcp import connection
+    from fibercore.builtins.tcp.connection import Broken, Conn
+    from fibercore.wire.frames import Sealer
+
+    monkeypatch.setattr(connection, "PARTIAL_WAIT", 0.5)
+    a, b = _slow_socket_pair()
+    stop = threading.Event()
+
+    def slow() -> None:
+        while not stop.is_set():
+            try:
+                if not b.recv(64 << 10, socket.MSG_DONTWAIT):
+                    return
+            except BlockingIOError:
+                pass
+            except OSError:
+                return
+            time.sleep(0.02)
+
+    reader = threading.Thread(target=slow)
+    reader.start()
+    sealer = Sealer(b"k" * 32)
+    sealer.pieces = True
+    try:
+        with pytest.raises(Broken, match="stopped reading"):
+            Conn(a, None, "writer").write(sealer.seal([(1, [b"x" * (40 << 20)])]), block=False)  # type: ignore[arg-type]
+    finally:
+        stop.set()
+        reader.join(10)
+        a.close()
+        b.close()
+
+
+def _vm_flags(buffer: Any) -> list[str]:
+    """The kernel's flags of the mapping that holds ``buffer`` (``/proc/self/smaps``)."""
+    import ctypes
+
+    address = ctypes.addressof(ctypes.c_char.from_buffer(buffer))
+    inside = False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            first = line.split()[0]
+            if "-" in first and not first.endswith(":"):
+                start, end = (int(x, 16) for x in first.split("-"))
+                inside = start <= address < end
+            elif inside and first == "VmFlags:":
+                return line.split()[1:]
+    raise AssertionError("no mapping holds the buffer")
+
+
+@pytest.mark.builtin_transport
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="frames grow by mremap on Linux only")
+def test_a_frame_asks_for_huge_pages_only_once_four_mib_of_it_arrived():
+    """A frame's memory asks for huge pages (taken whole at their first byte) only after
+    HUGE_AFTER bytes of it arrived: memory stays within what arrived plus 2 MB (half as much
+    again), never 2 MB for each partial frame a peer opens with a few bytes."""
+    from fibercore.builtins.tcp import connection
+    from fibercore.builtins.tcp.connection import RECORD_MAX, Conn
+
+    parser = Conn(socket.socket(), None, "parser")  # type: ignore[arg-type]
+    parser.session, parser.max_record, parser.max_frame = object(), RECORD_MAX, 1 << 30  # type: ignore[assignment]
+    frames: list[bytes] = []
+    try:
+        more = struct.pack("<I", (4 << 20) | (1 << 31))
+        parser._parse(memoryview(more + b"x" * 100), frames.append)
+        assert "hg" not in _vm_flags(parser._partial), "a frame of 100 bytes so far asked for huge pages"
+        parser._parse(memoryview(b"x" * ((4 << 20) - 100) + struct.pack("<I", 4 << 20) + b"y"), frames.append)
+        assert connection.HUGE_AFTER == 4 << 20 and not frames
+        if connection._HUGE is not None and os.path.exists("/sys/kernel/mm/transparent_hugepage/enabled"):
+            assert "hg" in _vm_flags(parser._partial), "4 MiB arrived: the frame's memory asks for huge pages"
+        parser._parse(memoryview(b"y" * ((4 << 20) - 1)), frames.append)
+        assert frames == [b"x" * (4 << 20) + b"y" * (4 << 20)]
+    finally:
+        parser.sock.close()

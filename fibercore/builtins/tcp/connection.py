@@ -42,6 +42,8 @@ _MORE = 1 << 31
 #: A frame of several records grows by remapping its memory (without mremap: a bytearray).
 _REMAP = sys.platform.startswith("linux")
 _HUGE: int | None = getattr(mmap, "MADV_HUGEPAGE", None)
+#: Bytes of a frame that must have arrived before its memory asks for huge pages (:func:`_grown`).
+HUGE_AFTER = 4 << 20
 _HEADER = struct.Struct("<I")
 _SCRATCH = 64 << 10  # read buffer of an authenticated connection (before: a handshake frame's size)
 _IOV_MAX = 512
@@ -78,34 +80,36 @@ def _after(iov: list[Any], n: int) -> list[Any]:
 
 def _frame_buffer(size: int) -> mmap.mmap | bytearray:
     """Memory for the first record of a frame of several: private anonymous memory that
-    :func:`_grown` remaps in place (Linux's ``mremap``); elsewhere a bytearray. It asks for
-    huge pages where the kernel gives them on request: the kernel's first write into fresh
-    memory, page by page, is what a large frame's reader spends most on (100 MB: 50-90 ms
-    in 4 kB pages, 17-19 ms in 2 MB ones, on the development VM)."""
-    if not _REMAP:
-        return bytearray(size)
-    frame = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE)
-    if _HUGE is not None:
+    :func:`_grown` remaps in place (Linux's ``mremap``); elsewhere a bytearray."""
+    return mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE) if _REMAP else bytearray(size)
+
+
+def _grown(frame: mmap.mmap | bytearray, size: int) -> mmap.mmap | bytearray:
+    """``frame`` (every byte of it arrived) grown to ``size`` bytes: remapped in place, or
+    (while a view of it is still held somewhere) copied into a new mapping.
+
+    Once :data:`HUGE_AFTER` bytes arrived, the mapping asks for huge pages where the kernel
+    gives them on request: the kernel's first write into fresh memory, page by page, is what a
+    large frame's reader spends most on (100 MB: 50-90 ms in 4 kB pages, 17-19 ms in 2 MB ones,
+    on the development VM). A huge page is taken whole at its first byte, so memory may run
+    up to 2 MB ahead of what arrived; after :data:`HUGE_AFTER` that is at most half as much
+    again, never a peer's claim multiplied."""
+    if isinstance(frame, bytearray):
+        frame += bytes(size - len(frame))
+        return frame
+    arrived = len(frame)
+    try:
+        frame.resize(size)
+    except BufferError:
+        bigger = _frame_buffer(size)
+        bigger[:arrived] = frame
+        frame = bigger
+    if _HUGE is not None and arrived >= HUGE_AFTER and isinstance(frame, mmap.mmap):
         try:
             frame.madvise(_HUGE)
         except OSError:  # a kernel without transparent huge pages: 4 kB pages
             pass
     return frame
-
-
-def _grown(frame: mmap.mmap | bytearray, size: int) -> mmap.mmap | bytearray:
-    """``frame`` grown to ``size`` bytes: remapped in place, or (while a view of it is still
-    held somewhere) copied into a new mapping."""
-    if isinstance(frame, bytearray):
-        frame += bytes(size - len(frame))
-        return frame
-    try:
-        frame.resize(size)
-        return frame
-    except BufferError:
-        bigger = _frame_buffer(size)
-        bigger[:len(frame)] = frame
-        return bigger
 
 
 class Conn:
@@ -170,31 +174,45 @@ class Conn:
                        deadline: float | None) -> None:
         """:meth:`write` of a frame of several records, or of one whose last part is
         :class:`Pieces`: the records are cut as the parts and pieces come, and each piece is
-        out before the next is made (its buffer is reused)."""
+        out before the next is made (its buffer is reused). With ``block=False``, nothing goes
+        out or the whole frame within :data:`PARTIAL_WAIT` (or the connection breaks); a write
+        stopped in the middle of a frame by anything shuts the connection (the stream could
+        carry nothing after a part of a frame)."""
         iov: list[Any] = []
         left, room, sent_any = total, 0, False
-        for source, reused in ((whole, False), (pieces, True)):
-            for piece in source:
-                view = _byte_view(piece)
-                while view:
-                    if room == 0:
-                        if not left:
-                            raise Broken(f"a frame's pieces came to more than the {total} bytes announced")
-                        room = min(left, RECORD_MAX)
-                        left -= room
-                        iov.append(_HEADER.pack(room | (_MORE if left else 0)))
-                    take = min(room, len(view))
-                    iov.append(view[:take])
-                    view = view[take:]
-                    room -= take
-                if reused:
-                    self._write_all(iov, block, deadline, sent_any)
-                    sent_any = True
-                    iov = []
-        if left or room:
-            raise Broken(f"a frame's pieces came to fewer than the {total} bytes announced")
-        if iov:
-            self._write_all(iov, block, deadline, sent_any)
+        if not block and deadline is None:  # nothing, or the whole frame within PARTIAL_WAIT
+            deadline = time.monotonic() + PARTIAL_WAIT
+        try:
+            for source, reused in ((whole, False), (pieces, True)):
+                for piece in source:
+                    view = _byte_view(piece)
+                    while view:
+                        if room == 0:
+                            if not left:
+                                raise Broken(f"a frame's pieces came to more than the {total} bytes announced")
+                            room = min(left, RECORD_MAX)
+                            left -= room
+                            iov.append(_HEADER.pack(room | (_MORE if left else 0)))
+                        take = min(room, len(view))
+                        iov.append(view[:take])
+                        view = view[take:]
+                        room -= take
+                    if reused and iov:
+                        self._write_all(iov, block, deadline, sent_any)
+                        sent_any = True
+                        iov = []
+            if left or room:
+                raise Broken(f"a frame's pieces came to fewer than the {total} bytes announced")
+            if iov:
+                self._write_all(iov, block, deadline, sent_any)
+        except TransportTimeout:  # nothing of the frame went out (after that: Broken)
+            raise
+        except BaseException:  # perhaps a part went out (an interrupt, a broken limit): the end
+            try:
+                self.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            raise
 
     def write_record(self, iov: list[Any], total: int) -> None:
         """Write one whole record (``iov``: its header, then ``total`` bytes) on a plain socket,
