@@ -385,6 +385,15 @@ def test_a_connected_ends_line_streams_a_large_message_over_the_network(network_
     assert op == 5 and np.array_equal(np.frombuffer(got[0], dtype=np.float64), big)
 
 
+def _parser() -> Any:
+    """A connection's record reader as an authenticated one reads (fed by hand with ``_parse``)."""
+    from fibercore.builtins.tcp.connection import RECORD_MAX, Conn
+
+    parser = Conn(socket.socket(), None, "parser")  # type: ignore[arg-type]
+    parser.session, parser.max_record, parser.max_frame = object(), RECORD_MAX, 1 << 30  # type: ignore[assignment]
+    return parser
+
+
 def _slow_socket_pair(rcvbuf: int = 64 << 10) -> tuple[socket.socket, socket.socket]:
     a, b = socket.socketpair()
     for s in (a, b):
@@ -399,7 +408,7 @@ def test_non_blocking_streamed_frames_are_never_cut_and_each_opens():
     TransportTimeout (sealed anew, as the core does): the stream parses into exactly the
     frames sent, each authentic (a write that gave up in the middle of a frame would leave a
     part of one in the stream)."""
-    from fibercore.builtins.tcp.connection import RECORD_MAX, Conn
+    from fibercore.builtins.tcp.connection import Conn
     from fibercore.wire.frames import Opener, Sealer
 
     a, b = _slow_socket_pair()
@@ -427,8 +436,7 @@ def test_non_blocking_streamed_frames_are_never_cut_and_each_opens():
     reader.join(60)
     a.close()
     b.close()
-    parser = Conn(socket.socket(), None, "parser")  # type: ignore[arg-type]
-    parser.session, parser.max_record, parser.max_frame = object(), RECORD_MAX, 1 << 30  # type: ignore[assignment]
+    parser = _parser()
     frames: list[bytes] = []
     parser._parse(memoryview(stream), lambda frame: frames.append(bytes(frame)))
     parser.sock.close()
@@ -498,10 +506,8 @@ def test_a_frame_asks_for_huge_pages_only_once_four_mib_of_it_arrived():
     HUGE_AFTER bytes of it arrived: memory stays within what arrived plus 2 MB (half as much
     again), never 2 MB for each partial frame a peer opens with a few bytes."""
     from fibercore.builtins.tcp import connection
-    from fibercore.builtins.tcp.connection import RECORD_MAX, Conn
 
-    parser = Conn(socket.socket(), None, "parser")  # type: ignore[arg-type]
-    parser.session, parser.max_record, parser.max_frame = object(), RECORD_MAX, 1 << 30  # type: ignore[assignment]
+    parser = _parser()
     frames: list[bytes] = []
     try:
         more = struct.pack("<I", (4 << 20) | (1 << 31))

@@ -108,6 +108,21 @@ def nbytes(part: Any) -> int:
     return part.nbytes if isinstance(part, memoryview) else len(part)
 
 
+def _byte_view(part: Any) -> memoryview:
+    """``part`` as a flat view of bytes (what the cipher and the slicing by bytes want)."""
+    view = part if type(part) is memoryview else memoryview(part)
+    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
+
+
+def _tag_last(view: memoryview) -> tuple[memoryview, memoryview]:
+    """A frame's tag and the frame without a tag at its end: a streamed frame (see the
+    module's docstring) has sixteen zero bytes in front and its tag last."""
+    tag = view[:TAG_SIZE]
+    if len(view) > STREAM_MIN and tag == _NO_TAG:
+        return view[-TAG_SIZE:], view[:-TAG_SIZE]
+    return tag, view
+
+
 def owned(parts: Sequence[Any]) -> list[Any]:
     """``parts`` with every buffer its sender could still change copied (a writable view: a
     numpy array's or a bytearray's memory, sent out of band): a message that leaves after
@@ -163,9 +178,7 @@ class _Encrypting(Pieces):
         self._parts = []
         pos = 0
         for part in parts:
-            view = part if type(part) is memoryview else memoryview(part)
-            if view.format != "B" or view.ndim != 1:
-                view = view.cast("B")
+            view = _byte_view(part)
             while view:
                 take = min(_PIECE - pos, len(view))
                 pos += enc.update_into(view[:take], out[pos:])
@@ -206,11 +219,11 @@ class Sealer:
         if size <= _ONE_SHOT_MAX:
             sealed = memoryview(self._aead.encrypt(nonce, b"".join([words, *payload]), counter))
             return [sealed[-TAG_SIZE:], counter, sealed[:-TAG_SIZE]]
-        if size > STREAM_MIN and self.pieces:
-            enc = Cipher(self._aes, modes.GCM(nonce)).encryptor()
-            enc.authenticate_additional_data(counter)
+        enc = Cipher(self._aes, modes.GCM(nonce)).encryptor()
+        enc.authenticate_additional_data(counter)
+        if size > STREAM_MIN and self.pieces:  # encrypted as the transport sends it, the tag last
             return [_NO_TAG + counter, _Encrypting(enc, [words, *payload], len(words) + size)]
-        return self._seal_streaming(nonce, counter, words, payload)
+        return self._seal_whole(enc, counter, words, payload)
 
     def seal_one(self, op: int, part: Any) -> list[Any]:
         """``seal([(op, [part])])``: one message of one part (a connected Pipe's), without
@@ -282,11 +295,10 @@ class Sealer:
         words[1] = len(words)
         return _words(words), [b"".join(body)], sum(sizes)
 
-    def _seal_streaming(self, nonce: bytes, counter: bytes, words: bytes, payload: list[Any]) -> list[Any]:
+    @staticmethod
+    def _seal_whole(enc: Any, counter: bytes, words: bytes, payload: list[Any]) -> list[Any]:
         # Big parts are encrypted one by one; runs of small ones are joined first (one call
         # per run instead of one per message).
-        enc = Cipher(self._aes, modes.GCM(nonce)).encryptor()
-        enc.authenticate_additional_data(counter)
         out: list[Any] = [None, counter]
         run: list[Any] = [words]
         for part in payload:
@@ -296,9 +308,7 @@ class Sealer:
             if run:
                 out.append(enc.update(b"".join(run)))
                 run = []
-            if isinstance(part, memoryview) and (part.format != "B" or part.ndim != 1):
-                part = part.cast("B")
-            out.append(enc.update(part))
+            out.append(enc.update(_byte_view(part)))
         if run:
             out.append(enc.update(b"".join(run)))
         enc.finalize()
@@ -391,9 +401,7 @@ class Opener:
         """The frame's body (counter, words, payload) in clear, into a new writable buffer."""
         head = TAG_SIZE + 8
         nonce = counter.to_bytes(12, "little") if counter < 1 << 96 else b""
-        tag = view[:TAG_SIZE]
-        if len(view) > STREAM_MIN and tag == _NO_TAG:  # a streamed frame: its tag is at its end
-            tag, view = view[-TAG_SIZE:], view[:-TAG_SIZE]
+        tag, view = _tag_last(view)
         if len(view) <= _ONE_SHOT_MAX:  # one call (a Cipher object per frame costs more than the copies)
             try:
                 clear = self._aead.decrypt(nonce, b"".join((view[head:], tag)), view[TAG_SIZE:head])
@@ -530,9 +538,7 @@ class ClearSealer(Sealer):
         if size > STREAM_MIN and self.pieces:  # streamed: tagged as it is sent, the tag last
             return [_NO_TAG, head, _Authenticating(mac, payload, size)]
         for part in payload:
-            if isinstance(part, memoryview) and (part.format != "B" or part.ndim != 1):
-                part = part.cast("B")
-            mac.authenticate_additional_data(part)
+            mac.authenticate_additional_data(_byte_view(part))
         mac.finalize()
         return [mac.tag, head, *payload]
 
@@ -555,9 +561,7 @@ class _Authenticating(Pieces):
         mac, parts = self._mac, self._parts
         self._parts = []
         for part in parts:
-            view = part if type(part) is memoryview else memoryview(part)
-            if view.format != "B" or view.ndim != 1:
-                view = view.cast("B")
+            view = _byte_view(part)
             for start in range(0, len(view), _PIECE):
                 piece = view[start:start + _PIECE]
                 mac.authenticate_additional_data(piece)
@@ -583,9 +587,8 @@ class ClearOpener(Opener):
 
     def _verify(self, view: memoryview, counter: int) -> memoryview:
         nonce = counter.to_bytes(12, "little") if counter < 1 << 96 else b""
-        tag, body = view[:TAG_SIZE], view[TAG_SIZE:]
-        if len(view) > STREAM_MIN and tag == _NO_TAG:  # a streamed frame: its tag is at its end
-            tag, body = view[-TAG_SIZE:], view[TAG_SIZE:-TAG_SIZE]
+        tag, framed = _tag_last(view)
+        body = framed[TAG_SIZE:]
         try:
             if len(view) <= _ONE_SHOT_MAX:
                 self._aead.decrypt(nonce, bytes(tag), body)

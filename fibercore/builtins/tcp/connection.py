@@ -511,13 +511,11 @@ class Line:
         self.read = read
 
     def write_two(self, head: Any, body: Any) -> None:
-        """``write([head, body])``, blocking: a frame of one header and one body (a Pipe's
-        message) in one ``sendmsg`` when the socket's buffer takes it."""
+        """``write([head, body])``, blocking: a frame of one header and one body buffer (a Pipe's
+        message; a streamed frame's :class:`Pieces` go through :meth:`write`) in one ``sendmsg``
+        when the socket's buffer takes it."""
         conn = self._conn  # plain: a line is never made for a TLS connection
         try:
-            if isinstance(body, Pieces):  # a streamed frame
-                conn.write([head, body], True)
-                return
             total = ((head.nbytes if type(head) is memoryview else len(head))
                      + (len(body) if type(body) is bytes else _byte_view(body).nbytes))
             if total <= RECORD_MAX:
@@ -530,7 +528,7 @@ class Line:
     def write(self, parts: list[Any], peer: Hashable = None, block: bool = True) -> None:
         """The endpoint's ``send_parts`` to this connection, without its send lock: the
         caller holds the peer's session lock, as the core does for every frame it sends."""
-        if block and len(parts) == 2:  # a header and a body (a Pipe's message): no loop
+        if block and len(parts) == 2 and not isinstance(parts[1], Pieces):  # a Pipe's message: no loop
             self.write_two(parts[0], parts[1])
             return
         conn = self._conn
