@@ -5,8 +5,9 @@ Both ends live in one process, so one ``valgrind --tool=callgrind`` run counts b
 user-space instructions: for fibercore a connected pair over the transport (the end that
 dials is a copy made by pickling, as a child's would be), for multiprocessing a Pipe.
 Each variant runs twice, with 0 and with N round trips; the difference over N is the cost
-of one. Two messages: 100 raw bytes (``send_bytes``) and a CartPole step's
-``(observation, reward, terminated, truncated)`` (``send``).
+of one. Three messages: 100 raw bytes (``send_bytes``), a CartPole step's
+``(observation, reward, terminated, truncated)`` (``send``), and gymnasium's and SB3's
+exchange (``("step", np.int64)`` answered by ``((observation, ...,  {}), True)``).
 
     python bench/pipe_instructions.py [N]      # needs valgrind; about a minute
 
@@ -49,12 +50,20 @@ def round_trips(lib: str, message: str, n: int) -> None:
             a.send_bytes(raw)
             b.send_bytes(b.recv_bytes())
             a.recv_bytes()
-    else:
+    elif message == "step":
         step = (np.zeros(4, dtype=np.float32), 1.0, False, False)
         for _ in range(200 + n):
             a.send(1)
             b.recv()
             b.send(step)
+            a.recv()
+    else:  # gymnasium's AsyncVectorEnv and SB3's SubprocVecEnv: numpy action, info dict
+        action = np.zeros(1, dtype=np.int64)[0]
+        answer = ((np.zeros(4, dtype=np.float32), 1.0, False, False, {}), True)
+        for _ in range(200 + n):
+            a.send(("step", action))
+            b.recv()
+            b.send(answer)
             a.recv()
 
 
@@ -74,7 +83,7 @@ def main() -> None:
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed (apt-get install valgrind)")
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 2000
-    for message in ("bytes", "step"):
+    for message in ("bytes", "step", "gym"):
         per = {lib: (count(lib, message, n) - count(lib, message, 0)) / n
                for lib in ("fibercore", "multiprocessing")}
         print(f"{message:5} round trip: fibercore {per['fibercore']:8.0f}  multiprocessing "

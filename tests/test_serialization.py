@@ -57,6 +57,87 @@ def test_round_trip_numpy(arr):
     np.testing.assert_array_equal(out, arr)
 
 
+def _pickled_like_numpy(out, ref):
+    """``out`` is what numpy's own pickle gives (``ref``): type, dtype, shape, flags, bytes."""
+    assert type(out) is type(ref)
+    if isinstance(ref, np.ndarray):
+        assert (out.dtype, out.shape) == (ref.dtype, ref.shape)
+        assert out.flags.writeable == ref.flags.writeable and out.flags.c_contiguous == ref.flags.c_contiguous
+        assert out.tobytes(order="A") == ref.tobytes(order="A")
+    else:
+        assert out.dtype == ref.dtype and out.tobytes() == ref.tobytes()
+
+
+_small_numpy = st.one_of(
+    hnp.arrays(dtype=hnp.scalar_dtypes() | hnp.byte_string_dtypes() | hnp.unicode_string_dtypes()
+               | hnp.nested_dtypes(max_itemsize=16) | hnp.datetime64_dtypes() | hnp.timedelta64_dtypes(),
+               shape=hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=6)),
+    hnp.from_dtype(np.dtype("f8")).map(np.float64), hnp.from_dtype(np.dtype("i8")).map(np.int64),
+    hnp.from_dtype(np.dtype(">u2")).map(lambda v: np.array(v, dtype=">u2")[()]),
+    st.booleans().map(np.bool_), hnp.from_dtype(np.dtype("c8")).map(np.complex64),
+    hnp.from_dtype(np.dtype("M8[s]")).map(np.datetime64),
+)
+
+
+@settings(deadline=None)  # first calls import numpy paths; timing is not the point
+@given(st.lists(_small_numpy, min_size=1, max_size=4), st.sampled_from(["c", "f", "strided", "readonly"]))
+def test_small_numpy_objects_come_back_exactly_as_numpys_own_pickle_gives_them(items, layout):
+    """Plain data with small numpy objects (an RL step's action and observation) is pickled
+    with one global per numpy object (fibercore.builtins.numpy_pickling); what arrives is
+    what ``pickle`` of numpy gives: type, dtype, byte order, shape, writability, bytes; a
+    layout it does not take (Fortran order, strided, structured) is numpy's own pickle."""
+    def laid_out(x):
+        if not isinstance(x, np.ndarray) or x.ndim < 2:
+            return x
+        if layout == "f":
+            return np.asfortranarray(x)
+        if layout == "strided":
+            return x[:, ::2]
+        if layout == "readonly":
+            x = x.copy()
+            x.flags.writeable = False
+        return x
+
+    value = ("step", *map(laid_out, items), 1.5)
+    parts = S.dumps(value)
+    assert len(parts) == 1  # small: nothing out of band
+    back = S.loads(parts)
+    reference = pickle.loads(pickle.dumps(value, protocol=5))
+    assert back[0] == "step" and back[-1] == 1.5 and len(back) == len(value)
+    for out, ref in zip(back[1:-1], reference[1:-1], strict=True):
+        _pickled_like_numpy(out, ref)
+
+
+def test_an_rl_step_pickles_with_one_global_per_numpy_object():
+    """``("step", np.int64(1))`` and ``(obs, reward, terminated, truncated)`` carry one global
+    each for their numpy objects (numpy's own pickle: two, each an import look-up)."""
+    import pickletools
+
+    def globals_in(data):
+        return sum(op.name in ("GLOBAL", "STACK_GLOBAL") for op, _arg, _pos in pickletools.genops(data))
+
+    action = ("step", np.int64(1))
+    step = (np.zeros(4, dtype=np.float32), 1.0, np.bool_(False), False)
+    assert globals_in(S.dumps(action)[0]) == 1 < globals_in(pickle.dumps(action, protocol=5))
+    assert globals_in(S.dumps(step)[0]) == 2 < globals_in(pickle.dumps(step, protocol=5))
+    assert repr(S.loads(S.dumps(step))) == repr(step)
+
+
+def test_a_dump_re_entered_on_its_thread_takes_a_pickler_of_its_own():
+    """A message pickled while this thread's pickler is busy (a signal handler that sends in
+    the middle of a dump) does not share its buffer."""
+    from fibercore.builtins import numpy_pickling
+
+    first = numpy_pickling.dumps(("a", np.int64(1)))
+    numpy_pickling._reused.busy = True
+    try:
+        inner = numpy_pickling.dumps(("b", np.float32(2)))
+    finally:
+        numpy_pickling._reused.busy = False
+    assert pickle.loads(inner) == ("b", np.float32(2)) and pickle.loads(first) == ("a", np.int64(1))
+    assert numpy_pickling._reused.out.getvalue() == first  # the shared buffer was not touched
+
+
 def test_large_array_travels_out_of_band_and_stays_writable():
     arr = np.arange(1_000_000, dtype=np.float64)
     parts = S.dumps(arr)

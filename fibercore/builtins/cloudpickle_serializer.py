@@ -39,6 +39,7 @@ from typing import Any
 
 import cloudpickle
 
+from fibercore.builtins import numpy_pickling
 from fibercore.hookspecs import hookimpl
 
 _PLAIN = frozenset({bytes, str, int, float, bool, type(None), bytearray, complex})
@@ -58,6 +59,10 @@ _WALK_BUDGET = 256
 _NUMPY_SCALARS: set[type] = set()
 
 
+#: Added to :func:`_plain_kind`'s answer when the data holds numpy objects.
+_NUMPY_INSIDE = 4
+
+
 def _plain_data(obj: Any) -> int:
     """0 unless ``obj`` is data the C pickler writes exactly as cloudpickle would: the plain
     types, tuples, lists and dicts of them, and numpy arrays and scalars without Python
@@ -71,6 +76,12 @@ def _plain_data(obj: Any) -> int:
     holds an array big enough to travel out of band (:data:`_OOB_MIN`), or 3 when it holds a
     bytes of :data:`_OOB_BYTES` or more (see :func:`_big_bytes_out_of_band`).
     """
+    return _plain_kind(obj) & 3
+
+
+def _plain_kind(obj: Any) -> int:
+    """:func:`_plain_data`'s answer, plus :data:`_NUMPY_INSIDE` when the data holds a numpy
+    array or scalar (then small data is pickled by :mod:`~fibercore.builtins.numpy_pickling`)."""
     np = sys.modules.get("numpy")
     ndarray = generic = None
     if np is not None:
@@ -80,21 +91,24 @@ def _plain_data(obj: Any) -> int:
         # A flat tuple (an RL step's (obs, reward, terminated, truncated), a task's arguments):
         # its types looked at in one pass, its arrays alone one by one.
         odd = set(map(type, obj)) - _SCALARS
-        if not odd or odd <= _NUMPY_SCALARS:  # (an action sent as ("step", np.int64(1)))
+        if not odd:
             return 1
+        if odd <= _NUMPY_SCALARS:  # (an action sent as ("step", np.int64(1)))
+            return 1 | _NUMPY_INSIDE
         if ndarray is not None and len(odd) == 1 and ndarray in odd:
-            found = 1
+            found = 1 | _NUMPY_INSIDE
             for item in obj:
                 if type(item) is ndarray:
                     if item.dtype.hasobject:
                         return 0
                     if item.nbytes >= _OOB_MIN:
-                        found = 2
+                        found = 2 | _NUMPY_INSIDE
             return found
     budget = _WALK_BUDGET
     stack = [obj]
     found = 1
     big_bytes = False
+    numpy = 0
     while stack:
         budget -= 1
         if budget < 0:
@@ -115,9 +129,11 @@ def _plain_data(obj: Any) -> int:
                 return 0
             if item.nbytes >= _OOB_MIN:
                 found = 2
+            numpy = _NUMPY_INSIDE
         elif kind in _NUMPY_SCALARS:
-            continue
+            numpy = _NUMPY_INSIDE
         elif generic is not None and isinstance(item, generic) and kind.__module__ == "numpy":
+            numpy = _NUMPY_INSIDE
             # A numpy scalar (there is no object scalar: numpy gives the object itself), but a
             # structured one (np.void, np.record: a row) may hold objects in its fields: looked
             # at each time, never remembered.
@@ -128,7 +144,7 @@ def _plain_data(obj: Any) -> int:
                 _NUMPY_SCALARS.add(kind)
         else:
             return 0
-    return 3 if big_bytes else found
+    return (3 if big_bytes else found) | numpy
 
 class _OutOfBand:
     """A large bytes, pickled as a buffer out of band and rebuilt as bytes on the other side
@@ -417,9 +433,12 @@ class CloudpickleSerializer:
             if kind is bytes and len(obj) >= _OOB_BYTES:
                 return self._dumps_plain(_OutOfBand(obj))
             return [pickle.dumps(obj, protocol=5)]
-        plain = _plain_data(obj)
+        plain = _plain_kind(obj)
         if plain == 1:  # the C pickler: a few µs less per message than cloudpickle
             return [pickle.dumps(obj, protocol=5)]
+        if plain == 1 | _NUMPY_INSIDE:  # ... with one global per numpy object, not two
+            return [numpy_pickling.dumps(obj)]
+        plain &= 3
         if plain == 3:  # ... with large bytes out of band, not copied into the stream
             return self._dumps_plain(_big_bytes_out_of_band(obj))
         if plain:  # ... and arrays of _OOB_MIN bytes or more out of band

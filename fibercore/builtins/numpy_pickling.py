@@ -1,0 +1,129 @@
+"""Small numpy objects pickled with one global each instead of two (an RL step's action and
+observation: ``("step", np.int64(1))``, ``(obs, reward, terminated, truncated)``).
+
+numpy pickles a scalar as ``scalar(dtype, bytes)`` and a small array as
+``_frombuffer(buffer, dtype, shape, order)``, each dtype as ``dtype(code, ...)`` plus its
+state. Every global in a pickle costs the C pickler an import look-up (about 1 µs here, as
+much as the rest of a small message), so ``("step", np.int64(1))`` took 4.6 µs to pickle
+against 0.2 µs for ``("step", 1)``. Here the dtype travels as its code string (``"<f4"``),
+which rebuilds it exactly, and the object as one call of this module's rebuilders: the
+same values, types, shapes, byte order and writability as numpy's own pickle gives
+(a read-only array comes back read-only, a writable one writable, in its own memory).
+
+Only what the code string rebuilds exactly is taken (numbers, booleans, dates; C-contiguous
+arrays of numbers and booleans); anything else (a structured dtype, a Fortran-ordered or
+non-contiguous array, a subclass) pickles as numpy pickles it.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+import threading
+from typing import Any
+
+#: dtype kinds taken: their code string (``dtype.str``) rebuilds the dtype exactly. Arrays
+#: only of those whose memory the buffer protocol gives (not dates: numpy pickles them).
+_KINDS = frozenset("biufcmM")
+_ARRAY_KINDS = frozenset("biufc")
+
+
+def np_scalar(code: str, raw: bytes) -> Any:
+    """The numpy scalar of dtype ``code`` held in ``raw`` (what :func:`_reduce_scalar` sends)."""
+    import numpy as np
+
+    return np.frombuffer(raw, dtype=code)[0]
+
+
+def np_array(data: Any, code: str, shape: tuple[int, ...]) -> Any:
+    """The C-ordered array of dtype ``code`` and ``shape`` on ``data`` (a bytearray when the
+    array sent was writable, bytes when it was read-only, as numpy's own pickle gives)."""
+    import numpy as np
+
+    return np.frombuffer(data, dtype=code).reshape(shape)
+
+
+_codes: dict[Any, str | None] = {}  # dtype -> its code string, or None: numpy pickles it
+
+
+def _code(dtype: Any) -> str | None:
+    code = _codes.get(dtype)
+    if code is None and dtype not in _codes:
+        import numpy as np
+
+        code = dtype.str if dtype.kind in _KINDS and np.dtype(dtype.str) == dtype and not dtype.metadata else None
+        _codes[dtype] = code
+    return code
+
+
+def _reduce_scalar(x: Any) -> Any:
+    code = _code(x.dtype)
+    if code is None:
+        return x.__reduce_ex__(5)
+    return np_scalar, (code, x.tobytes())
+
+
+def _reduce_array(a: Any) -> Any:
+    code = _code(a.dtype)
+    if code is None or a.dtype.kind not in _ARRAY_KINDS or not a.flags.c_contiguous or not a.size:
+        return a.__reduce_ex__(5)
+    # In band, as numpy's own: a bytearray for a writable array, bytes for a read-only one.
+    return np_array, (pickle.PickleBuffer(a), code, a.shape)
+
+
+_table: dict[type, Any] | None = None
+
+
+def _dispatch_table() -> dict[type, Any]:
+    """The reducers, by exact type: ndarray, and every numpy scalar type of a kind in _KINDS."""
+    global _table
+    if _table is None:
+        import numpy as np
+
+        table: dict[type, Any] = {np.ndarray: _reduce_array}
+        for kind in set(np.sctypeDict.values()):
+            if isinstance(kind, type) and issubclass(kind, np.generic) and np.dtype(kind).kind in _KINDS:
+                table[kind] = _reduce_scalar
+        _table = table
+    return _table
+
+
+class _Reused(threading.local):
+    """This thread's pickler and its buffer, made once (a pickler costs more than the
+    small message it writes); ``busy`` while a dump runs, so a dump re-entered on the
+    thread (a signal handler that sends) takes a pickler of its own."""
+
+    def __init__(self) -> None:
+        self.out = io.BytesIO()
+        self.pickler = pickle.Pickler(self.out, protocol=5)
+        self.pickler.dispatch_table = _dispatch_table()
+        self.busy = False
+
+
+_reused = _Reused()
+
+
+def dumps(obj: Any) -> bytes:
+    """``pickle.dumps(obj, protocol=5)`` for plain data holding small numpy objects (no
+    buffer out of band), with each numpy object as one global (see the module's docstring);
+    ``pickle.loads`` reads it."""
+    mine = _reused
+    if mine.busy:
+        out = io.BytesIO()
+        pickler = pickle.Pickler(out, protocol=5)
+        pickler.dispatch_table = _dispatch_table()
+        pickler.dump(obj)
+        return out.getvalue()
+    mine.busy = True
+    out = mine.out
+    try:
+        out.seek(0)
+        out.truncate()
+        mine.pickler.clear_memo()
+        mine.pickler.dump(obj)
+        return out.getvalue()
+    finally:
+        mine.busy = False
+
+
+__all__ = ["dumps", "np_array", "np_scalar"]
