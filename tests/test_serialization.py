@@ -125,7 +125,7 @@ def test_an_rl_step_pickles_with_one_global_per_numpy_object():
 
 def test_a_dump_re_entered_on_its_thread_takes_a_pickler_of_its_own():
     """A message pickled while this thread's pickler is busy (a signal handler that sends in
-    the middle of a dump) does not share its buffer."""
+    the middle of a dump) does not share its pickler or buffer."""
     from fibercore.builtins import numpy_pickling
 
     first = numpy_pickling.dumps(("a", np.int64(1)))
@@ -135,7 +135,63 @@ def test_a_dump_re_entered_on_its_thread_takes_a_pickler_of_its_own():
     finally:
         numpy_pickling._reused.busy = False
     assert pickle.loads(inner) == ("b", np.float32(2)) and pickle.loads(first) == ("a", np.int64(1))
-    assert numpy_pickling._reused.out.getvalue() == first  # the shared buffer was not touched
+    out = numpy_pickling._reused.out
+    assert out is not None and out.getvalue() == b""  # the thread's buffer: untouched, and empty
+
+
+def test_the_reused_pickler_keeps_nothing_of_a_message_once_it_is_pickled():
+    """Neither the objects (the pickler's memo) nor the bytes (its buffer) of a message stay
+    with the thread: an array sent is freed when its sender drops it, memory under it can
+    be resized, a large string in the message is not held."""
+    import gc
+    import weakref
+
+    from fibercore.builtins import numpy_pickling
+
+    a = np.zeros(4, np.float32)
+    gone = weakref.ref(a)
+    S.dumps((a, 1.0, False, False))
+    del a
+    gc.collect()
+    assert gone() is None
+    under = bytearray(16)
+    S.dumps(("obs", np.frombuffer(under, np.uint8)))
+    gc.collect()
+    under.extend(b"x")  # BufferError while a view of it is exported
+    S.dumps(("result", np.int64(1), "x" * 1_000_000))
+    out = numpy_pickling._reused.out
+    assert out is not None and out.getvalue() == b"" and len(out.getbuffer()) == 0
+
+
+@pytest.mark.parametrize("plain_first", [True, False])
+def test_dtype_metadata_travels_whichever_dtype_was_pickled_first(plain_first):
+    """A dtype with metadata equals (and hashes as) the one without: the code-string cache
+    must not give one the other's answer."""
+    tagged = np.zeros(3, np.dtype("f8", metadata={"unit": "m"}))
+    plain = np.zeros(3)
+    order = [plain, tagged] if plain_first else [tagged, plain]
+    for arr in order:
+        back = S.loads(S.dumps(("obs", arr)))[1]
+        assert back.dtype.metadata == arr.dtype.metadata
+    from fibercore.builtins import numpy_pickling
+
+    assert numpy_pickling._code(plain.dtype) == "<f8"  # the fast path stays on for plain float64
+
+
+def test_the_serializer_neither_needs_nor_imports_numpy():
+    """numpy is optional: the serializer imports without it and pickles plain data, and where
+    it is installed it is not imported for data without numpy objects."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['numpy'] = None\n"
+            "from fibercore.builtins.cloudpickle_serializer import CloudpickleSerializer as C\n"
+            "s = C(); assert s.loads(s.dumps(('a', 1, [2.5]))) == ('a', 1, [2.5])\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+    code = ("import sys\n"
+            "from fibercore.builtins.cloudpickle_serializer import CloudpickleSerializer as C\n"
+            "s = C(); s.loads(s.dumps(('a', 1))); assert 'numpy' not in sys.modules, 'numpy imported'\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
 def test_large_array_travels_out_of_band_and_stays_writable():

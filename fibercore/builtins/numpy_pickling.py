@@ -43,15 +43,21 @@ def np_array(data: Any, code: str, shape: tuple[int, ...]) -> Any:
     return np.frombuffer(data, dtype=code).reshape(shape)
 
 
-_codes: dict[Any, str | None] = {}  # dtype -> its code string, or None: numpy pickles it
+#: A dtype of a kind in _KINDS -> its code string, or None: numpy pickles it. Only those
+#: kinds are kept (numbers and dates in their byte orders and units: a few dozen at most).
+_codes: dict[Any, str | None] = {}
 
 
 def _code(dtype: Any) -> str | None:
+    """``dtype``'s code string when it rebuilds ``dtype`` exactly, else None. Metadata is
+    looked at every time: a dtype with metadata equals (and hashes as) the one without."""
+    if dtype.metadata or dtype.kind not in _KINDS:
+        return None
     code = _codes.get(dtype)
     if code is None and dtype not in _codes:
         import numpy as np
 
-        code = dtype.str if dtype.kind in _KINDS and np.dtype(dtype.str) == dtype and not dtype.metadata else None
+        code = dtype.str if np.dtype(dtype.str) == dtype else None
         _codes[dtype] = code
     return code
 
@@ -88,15 +94,21 @@ def _dispatch_table() -> dict[type, Any]:
     return _table
 
 
+def _pickler(out: io.BytesIO) -> pickle.Pickler:
+    pickler = pickle.Pickler(out, protocol=5)
+    pickler.dispatch_table = _dispatch_table()
+    return pickler
+
+
 class _Reused(threading.local):
-    """This thread's pickler and its buffer, made once (a pickler costs more than the
-    small message it writes); ``busy`` while a dump runs, so a dump re-entered on the
-    thread (a signal handler that sends) takes a pickler of its own."""
+    """This thread's pickler and its buffer, made at its first dump (a pickler costs more
+    than the small message it writes; and numpy is imported only once data holds it);
+    ``busy`` while a dump runs, so a dump re-entered on the thread (a signal handler that
+    sends) takes a pickler of its own."""
 
     def __init__(self) -> None:
-        self.out = io.BytesIO()
-        self.pickler = pickle.Pickler(self.out, protocol=5)
-        self.pickler.dispatch_table = _dispatch_table()
+        self.out: io.BytesIO | None = None
+        self.pickler: pickle.Pickler | None = None
         self.busy = False
 
 
@@ -109,19 +121,22 @@ def dumps(obj: Any) -> bytes:
     ``pickle.loads`` reads it."""
     mine = _reused
     if mine.busy:
-        out = io.BytesIO()
-        pickler = pickle.Pickler(out, protocol=5)
-        pickler.dispatch_table = _dispatch_table()
-        pickler.dump(obj)
-        return out.getvalue()
+        fresh = io.BytesIO()
+        _pickler(fresh).dump(obj)
+        return fresh.getvalue()
     mine.busy = True
-    out = mine.out
     try:
-        out.seek(0)
-        out.truncate()
-        mine.pickler.clear_memo()
-        mine.pickler.dump(obj)
-        return out.getvalue()
+        out, pickler = mine.out, mine.pickler
+        if out is None or pickler is None:
+            out = mine.out = io.BytesIO()
+            pickler = mine.pickler = _pickler(out)
+        try:
+            pickler.dump(obj)
+            return out.getvalue()
+        finally:  # keep nothing of the message: the memo holds its objects, the buffer its bytes
+            pickler.clear_memo()
+            out.seek(0)
+            out.truncate()
     finally:
         mine.busy = False
 
