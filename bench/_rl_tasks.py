@@ -30,6 +30,15 @@ def echo_bytes(conn: Any, n: int) -> None:
         conn.send_bytes(conn.recv_bytes())
 
 
+def echo_bytes_until_empty(conn: Any) -> None:
+    """Echo each message until an empty one (bench_rl.py's paired blocks: open-ended)."""
+    while True:
+        data = conn.recv_bytes()
+        if not data:
+            return
+        conn.send_bytes(data)
+
+
 def echo_queue(inq: Any, outq: Any) -> None:
     while True:
         item = inq.get()

@@ -5,6 +5,7 @@ side by side in one run, interleaved, medians of rounds, printed as ratios.
     python bench/bench_rl.py --quick               # fewer steps and pool sizes (about 3 minutes)
     python bench/bench_rl.py --rounds 5 ppo pipe   # chosen sections only
     python bench/bench_rl.py --report docs/perf/bench_rl   # also writes bench_rl.md
+    python bench/bench_rl.py --paired ppo vecenv pipe queue sb3   # paired blocks (below)
 
 Sections (each in both regimes where it has processes: as many as the cores, and 4× more,
 which is the usual RL set-up of more simulators than cores):
@@ -38,6 +39,11 @@ which is the usual RL set-up of more simulators than cores):
            first reset (a new interpreter each time, SB3 imported first, as a user's script)
   sb3ppo   stable-baselines3's PPO on SubprocVecEnv with 8 CartPole envs: seconds of
            learn(16,384 steps) (--quick: 4,096), start not counted
+
+With ``--paired``, ppo, vecenv, pipe, queue and sb3 keep every library's processes up at
+once and measure them in turns of short blocks (``--blocks`` a round); the ratio is the median
+of the ratios of neighbouring blocks, printed with its quartiles. On a shared VM whose speed
+moves over seconds, the plain ratio of medians taken minutes apart moves with it.
 
 Ratios are fibercore / multiprocessing with each start method; "higher" or "lower" says
 which is better. Every library runs the same functions (bench/_rl_tasks.py, pickled by
@@ -77,47 +83,117 @@ def libraries(methods: tuple[str, ...]) -> list[tuple[str, Any]]:
 
 
 # ------------------------------------------------------------------------------------ measures
+class Stepping:
+    """``n`` CartPole simulators, each in its own Process stepped over a Pipe by the master
+    (send every action, then receive every observation), up and warm; :meth:`block` times
+    ``steps`` steps of all of them: steps/s."""
+
+    def __init__(self, lib: Any, n: int) -> None:
+        self.pipes, self.procs = [], []
+        for _ in range(n):
+            a, b = lib.Pipe()
+            p = lib.Process(target=T.env_worker, args=(b, "CartPole-v1"), daemon=True)
+            p.start()
+            b.close()  # as SubprocVecEnv does: the child holds its end
+            self.pipes.append(a)
+            self.procs.append(p)
+        for c in self.pipes:
+            c.send(0)
+        for c in self.pipes:
+            c.recv()
+
+    def block(self, steps: int) -> float:
+        pipes = self.pipes
+        t0 = time.perf_counter()
+        for i in range(steps):
+            for c in pipes:
+                c.send(i & 1)
+            for c in pipes:
+                c.recv()
+        return len(pipes) * steps / (time.perf_counter() - t0)
+
+    def close(self) -> None:
+        for c in self.pipes:
+            c.send(None)
+        for p in self.procs:
+            p.join(30)
+
+
 def ppo(lib: Any, n: int, steps: int) -> float:
-    pipes, procs = [], []
-    for _ in range(n):
-        a, b = lib.Pipe()
-        p = lib.Process(target=T.env_worker, args=(b, "CartPole-v1"), daemon=True)
-        p.start()
-        b.close()  # as SubprocVecEnv does: the child holds its end
-        pipes.append(a)
-        procs.append(p)
-    for c in pipes:
-        c.send(0)
-    for c in pipes:
-        c.recv()
+    stepping = Stepping(lib, n)
+    try:
+        return stepping.block(steps)
+    finally:
+        stepping.close()
+
+
+class VectorStepping:
+    """A vector of ``n`` CartPole envs (gymnasium's AsyncVectorEnv on this library's context,
+    or, with ``sb3``, stable-baselines3's SubprocVecEnv), reset and warm; :meth:`block` times
+    ``steps`` steps (actions 0 and 1 in turn, or SB3's random ones): seconds, or with
+    ``sb3`` env steps/s."""
+
+    def __init__(self, lib: Any, n: int, shared_memory: bool = False, sb3: bool = False) -> None:
+        import numpy as np
+
+        self.n, self.sb3 = n, sb3
+        if sb3:
+            self.envs = _sb3_vec(lib, n)
+            self.envs.reset()
+            self.rng = np.random.default_rng(0)
+        else:
+            import functools
+
+            import gymnasium as gym
+
+            context = "fiber" if getattr(lib, "__name__", "") == "fibercore" else lib.get_start_method()
+            self.envs = gym.vector.AsyncVectorEnv([functools.partial(gym.make, "CartPole-v1")] * n,
+                                                  shared_memory=shared_memory, context=context)
+            self.envs.reset(seed=0)
+        self.actions = np.zeros(n, dtype=np.int64)
+        for _ in range(20):
+            self.envs.step(self.actions)
+
+    def block(self, steps: int) -> float:
+        envs, actions = self.envs, self.actions
+        if self.sb3:
+            chosen = self.rng.integers(0, 2, size=(steps, self.n))
+            t0 = time.perf_counter()
+            for a in chosen:
+                envs.step(a)
+            return self.n * steps / (time.perf_counter() - t0)
+        return _step_block(envs, actions, steps)
+
+    def close(self) -> None:
+        self.envs.close()
+
+
+def _step_block(envs: Any, actions: Any, steps: int) -> float:
+    """Seconds for ``steps`` steps of a vector env (actions 0 and 1 in turn)."""
     t0 = time.perf_counter()
     for i in range(steps):
-        for c in pipes:
-            c.send(i & 1)
-        for c in pipes:
-            c.recv()
-    elapsed = time.perf_counter() - t0
-    for c in pipes:
-        c.send(None)
-    for p in procs:
-        p.join(30)
-    return n * steps / elapsed
+        actions[:] = i & 1
+        envs.step(actions)
+    return time.perf_counter() - t0
+
+
+def timed_steps(envs: Any, n: int, steps: int) -> float:
+    """Seconds for ``steps`` steps of a vector of ``n`` envs (actions 0 and 1 in turn), after
+    20 to warm up."""
+    import numpy as np
+
+    actions = np.zeros(n, dtype=np.int64)
+    _step_block(envs, actions, 20)
+    return _step_block(envs, actions, steps)
 
 
 def vector_env(lib: Any, n: int, steps: int, shared_memory: bool) -> float:
     """gymnasium's AsyncVectorEnv on this library's context: seconds for ``steps`` steps."""
-    import functools
-
-    import gymnasium as gym
-
-    context = "fiber" if getattr(lib, "__name__", "") == "fibercore" else lib.get_start_method()
-    envs = gym.vector.AsyncVectorEnv([functools.partial(gym.make, "CartPole-v1")] * n,
-                                     shared_memory=shared_memory, context=context)
+    vec = VectorStepping(lib, n, shared_memory)
     try:
-        envs.reset(seed=0)
-        return timed_steps(envs, n, steps)
+        return vec.block(steps)
     finally:
-        envs.close()
+        vec.close()
 
 
 def _sb3_vec(lib: Any, n: int) -> Any:
@@ -129,18 +205,9 @@ def _sb3_vec(lib: Any, n: int) -> Any:
 
 def sb3_steps(lib: Any, n: int, steps: int) -> float:
     """Env steps/s of stable-baselines3's SubprocVecEnv with ``n`` envs, random actions."""
-    import numpy as np
-
-    vec = _sb3_vec(lib, n)
+    vec = VectorStepping(lib, n, sb3=True)
     try:
-        vec.reset()
-        actions = np.random.default_rng(0).integers(0, 2, size=(steps + 20, n))
-        for a in actions[:20]:
-            vec.step(a)
-        t0 = time.perf_counter()
-        for a in actions[20:]:
-            vec.step(a)
-        return n * steps / (time.perf_counter() - t0)
+        return vec.block(steps)
     finally:
         vec.close()
 
@@ -171,21 +238,6 @@ def sb3_ppo(lib: Any, steps: int) -> float:
         vec.close()
 
 
-def timed_steps(envs: Any, n: int, steps: int) -> float:
-    """Seconds for ``steps`` steps of a vector of ``n`` envs (actions 0 and 1 in turn), after
-    20 to warm up."""
-    import numpy as np
-
-    actions = np.zeros(n, dtype=np.int64)
-    for _ in range(20):
-        envs.step(actions)
-    t0 = time.perf_counter()
-    for i in range(steps):
-        actions[:] = i & 1
-        envs.step(actions)
-    return time.perf_counter() - t0
-
-
 WARM = 200  # round trips before timing: connected, warm
 
 
@@ -200,6 +252,38 @@ def _round_trip_us(send: Callable[[bytes], Any], recv: Callable[[], Any], n: int
         send(payload)
         recv()
     return (time.perf_counter() - t0) / n * 1e6
+
+
+class RoundTrips:
+    """A 100-byte echo through a Pipe (``queue``: through two Queues) to one child, up and
+    warm; :meth:`block` times ``n`` round trips: µs each."""
+
+    def __init__(self, lib: Any, queue: bool = False) -> None:
+        if queue:
+            self.inq, outq = lib.Queue(), lib.Queue()
+            self.proc = lib.Process(target=T.echo_queue, args=(self.inq, outq))
+            self.send, self.recv = self.inq.put, outq.get
+        else:
+            a, b = lib.Pipe()
+            self.proc = lib.Process(target=T.echo_bytes_until_empty, args=(b,))
+            self.send, self.recv = a.send_bytes, a.recv_bytes
+        self.proc.start()
+        self.queue = queue
+        self.block(WARM)
+
+    def block(self, n: int) -> float:
+        send, recv, payload = self.send, self.recv, b"x" * 100
+        t0 = time.perf_counter()
+        for _ in range(n):
+            send(payload)
+            recv()
+        return (time.perf_counter() - t0) / n * 1e6
+
+    def close(self) -> None:
+        self.send(None if self.queue else b"")
+        if self.queue:
+            self.recv()
+        self.proc.join(30)
 
 
 def pipe_rtt(lib: Any, n: int) -> float:
@@ -482,6 +566,50 @@ def measure(section: str, setting: str, unit: str, better: str, libs: list[tuple
           + f"   [{better} is better]", flush=True)
 
 
+#: (section, setting) -> {start method: (median, lower quartile, upper quartile)} of the
+#: ratios of paired blocks (:func:`paired`).
+PAIRED: dict[tuple[str, str], dict[str, tuple[float, float, float]]] = {}
+
+
+def paired(section: str, setting: str, unit: str, better: str, libs: list[tuple[str, Any]], rounds: int,
+           blocks: int, make: Callable[[Any], Any], work: int) -> None:
+    """``section`` measured in paired blocks: every library's processes up and warm at once
+    (``make(lib)``: an object with ``block(work)`` and ``close()``), then ``blocks`` short blocks
+    each, the libraries taking turns (each first in turn), so that a library and the one
+    measured just before or after it see the same machine; the ratio of each block to its
+    neighbour's is kept. A shared VM's speed moves 10-40% over seconds: a ratio of
+    medians taken minutes apart moves with it, a median of paired ratios much less. Repeated
+    for ``rounds`` fresh sets of processes (their placement on the CPUs varies too)."""
+    values: dict[str, list[float]] = {name: [] for name, _ in libs}
+    ratios: dict[str, list[float]] = {name: [] for name, _ in libs[1:]}
+    for r in range(rounds):
+        made: list[tuple[str, Any]] = []
+        try:
+            for name, lib in libs:
+                made.append((name, make(lib)))
+            for b in range(blocks):
+                k = (r * blocks + b) % len(made)
+                got = {name: obj.block(work) for name, obj in made[k:] + made[:k]}
+                for name, value in got.items():
+                    values[name].append(value)
+                for name in ratios:
+                    ratios[name].append(got["fibercore"] / got[name])
+        finally:
+            for _name, obj in made:
+                obj.close()
+    RESULTS.append((section, setting, unit, better, values))
+    spread = {}
+    for name, rs in ratios.items():
+        q1, median, q3 = statistics.quantiles(rs, n=4) if len(rs) > 1 else (rs[0],) * 3
+        spread[name] = (median, q1, q3)
+    PAIRED[(section, setting)] = spread
+    ours = statistics.median(values["fibercore"])
+    cells = [f"{name} {statistics.median(values[name]):10.4g} ({m:4.2f}x, {q1:4.2f}-{q3:4.2f})"
+             for name, (m, q1, q3) in spread.items()]
+    print(f"{section:8} {setting:16} fibercore {ours:10.4g} {unit:7} | " + " | ".join(cells)
+          + f"   [{better} is better; paired ratio, quartiles]", flush=True)
+
+
 def _ratio(ours: float, theirs: float) -> str:
     return f"{ours / theirs:5.2f}x" if theirs else "  n/a"
 
@@ -501,8 +629,17 @@ def report(path: str, methods: tuple[str, ...]) -> None:
     for section, setting, unit, better, values in RESULTS:
         ours = statistics.median(values["fibercore"])
         theirs = [statistics.median(values[m]) for m in methods]
+        pairs = PAIRED.get((section, setting))
+        ratios = ([f"{pairs[m][0]:.2f}x" for m in methods] if pairs
+                  else [_ratio(ours, v).strip() for v in theirs])
         lines.append(f"| {section} | {setting} | {unit} | {ours:.4g} | " + " | ".join(f"{v:.4g}" for v in theirs)
-                     + " | " + " | ".join(_ratio(ours, v).strip() for v in theirs) + f" | {better} |")
+                     + " | " + " | ".join(ratios) + f" | {better} |")
+    if PAIRED:
+        lines += ["", "Rows measured in paired blocks (`--paired`): the ratio is the median of the ratios of "
+                  "neighbouring blocks; their quartiles:", ""]
+        for (section, setting), pairs in PAIRED.items():
+            lines.append(f"- {section} {setting}: " + ", ".join(
+                f"{m} {q1:.2f}-{q3:.2f}" for m, (_med, q1, q3) in pairs.items()))
     with open(path + ".md", "w") as fh:
         fh.write("\n".join(lines) + "\n")
     print(f"wrote {path}.md")
@@ -553,6 +690,10 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--methods", default=",".join(METHODS), help="multiprocessing start methods to compare")
     parser.add_argument("--report", help="write a markdown table to REPORT.md and its plot to REPORT.png")
+    parser.add_argument("--paired", action="store_true",
+                        help="ppo, vecenv, pipe, queue and sb3 in paired blocks (every library up at once, taking "
+                             "turns in short blocks; median of the neighbours' ratios)")
+    parser.add_argument("--blocks", type=int, default=10, help="blocks per library and round with --paired")
     args = parser.parse_args()
     methods = tuple(m for m in args.methods.split(",") if m)
     ROUNDS[0] = args.rounds
@@ -571,18 +712,36 @@ def main() -> int:
         for n in (few, many):
             measure(section, setting.format(n=n), unit, better, libs, m, fn(n))
 
+    blocks = args.blocks
+
+    def stepping(section: str, setting: str, unit: str, better: str, make: Callable[[Any], Any], work: int,
+                 whole: Callable[[Any], float]) -> None:
+        """A stepping section: in paired blocks of ``work`` (``--paired``: ``blocks`` of them a
+        round), or as one measure of ``whole`` a library and round."""
+        if args.paired:
+            paired(section, setting, unit, better, libs, m, blocks, make, work)
+        else:
+            measure(section, setting, unit, better, libs, m, whole)
+
     if "ppo" in want:
         for n, steps in ((few, 1000 if quick else 3000), (many, 300 if quick else 800)):
-            measure("ppo", f"{n} envs", "steps/s", "higher", libs, m, partial(ppo, n=n, steps=steps))
+            stepping("ppo", f"{n} envs", "steps/s", "higher", partial(Stepping, n=n), max(10, steps // blocks),
+                     partial(ppo, n=n, steps=steps))
     if "vecenv" in want:
         for n in (few, many):
             for shm in (False, True):
-                measure("vecenv", f"{n} envs{' shm' if shm else ''}", "s", "lower", libs, m,
-                        partial(vector_env, n=n, steps=500 if quick else 2000, shared_memory=shm))
+                steps = 500 if quick else 2000
+                stepping("vecenv", f"{n} envs{' shm' if shm else ''}", "s", "lower",
+                         partial(VectorStepping, n=n, shared_memory=shm), max(10, steps // blocks),
+                         partial(vector_env, n=n, steps=steps, shared_memory=shm))
     if "pipe" in want:
-        measure("pipe", "100 B round trip", "us", "lower", libs, m, partial(pipe_rtt, n=2000 if quick else 5000))
+        n_rt = 2000 if quick else 5000
+        stepping("pipe", "100 B round trip", "us", "lower", RoundTrips, max(50, n_rt // blocks),
+                 partial(pipe_rtt, n=n_rt))
     if "queue" in want:
-        measure("queue", "100 B round trip", "us", "lower", libs, m, partial(queue_rtt, n=1000 if quick else 3000))
+        n_rt = 1000 if quick else 3000
+        stepping("queue", "100 B round trip", "us", "lower", partial(RoundTrips, queue=True), max(50, n_rt // blocks),
+                 partial(queue_rtt, n=n_rt))
     if "qrate" in want:
         measure("qrate", "master to 1", "msg/s", "higher", libs, m,
                 partial(queue_rate_out, n=10_000 if quick else 50_000))
@@ -621,8 +780,10 @@ def main() -> int:
     if "cma" in want:
         in_both_regimes("cma", "s", "lower", lambda n: partial(cma_seconds, workers=n))
     if "sb3" in want:
-        in_both_regimes("sb3", "steps/s", "higher", lambda n: partial(sb3_steps, n=n, steps=300 if quick else 1000),
-                        "{n} envs")
+        for n in (few, many):
+            steps = 300 if quick else 1000
+            stepping("sb3", f"{n} envs", "steps/s", "higher", partial(VectorStepping, n=n, sb3=True),
+                     max(10, steps // blocks), partial(sb3_steps, n=n, steps=steps))
     if "ng" in want:
         in_both_regimes("ng", "s", "lower",
                         lambda n: partial(nevergrad_seconds, workers=n, budget=100 if quick else 400), "{n} workers")
