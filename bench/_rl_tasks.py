@@ -25,11 +25,6 @@ def env_worker(conn: Any, env_id: str) -> None:
     conn.close()
 
 
-def echo_bytes(conn: Any, n: int) -> None:
-    for _ in range(n):
-        conn.send_bytes(conn.recv_bytes())
-
-
 def echo_bytes_until_empty(conn: Any) -> None:
     """Echo each message until an empty one (bench_rl.py's paired blocks: open-ended)."""
     while True:

@@ -404,15 +404,9 @@ def section_ppo(setup: Setup, rounds: int, quick: bool) -> None:
 
 def sb3_steps(n: int, steps: int, start_method: str) -> float:
     import bench_rl
-    import gymnasium as gym
-    from stable_baselines3.common.vec_env import SubprocVecEnv
 
-    envs = SubprocVecEnv([lambda: gym.make("CartPole-v1")] * n, start_method=start_method)
-    try:
-        envs.reset()
-        return n * steps / bench_rl.timed_steps(envs, n, steps)
-    finally:
-        envs.close()
+    lib = fibercore if start_method == "fiber" else multiprocessing.get_context(start_method)
+    return bench_rl.sb3_steps(lib, n, steps)
 
 
 def section_sb3(setup: Setup, rounds: int, quick: bool) -> None:

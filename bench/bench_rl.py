@@ -120,11 +120,7 @@ class Stepping:
 
 
 def ppo(lib: Any, n: int, steps: int) -> float:
-    stepping = Stepping(lib, n)
-    try:
-        return stepping.block(steps)
-    finally:
-        stepping.close()
+    return _one_block(Stepping(lib, n), steps)
 
 
 class VectorStepping:
@@ -162,38 +158,19 @@ class VectorStepping:
             for a in chosen:
                 envs.step(a)
             return self.n * steps / (time.perf_counter() - t0)
-        return _step_block(envs, actions, steps)
+        t0 = time.perf_counter()
+        for i in range(steps):
+            actions[:] = i & 1
+            envs.step(actions)
+        return time.perf_counter() - t0
 
     def close(self) -> None:
         self.envs.close()
 
 
-def _step_block(envs: Any, actions: Any, steps: int) -> float:
-    """Seconds for ``steps`` steps of a vector env (actions 0 and 1 in turn)."""
-    t0 = time.perf_counter()
-    for i in range(steps):
-        actions[:] = i & 1
-        envs.step(actions)
-    return time.perf_counter() - t0
-
-
-def timed_steps(envs: Any, n: int, steps: int) -> float:
-    """Seconds for ``steps`` steps of a vector of ``n`` envs (actions 0 and 1 in turn), after
-    20 to warm up."""
-    import numpy as np
-
-    actions = np.zeros(n, dtype=np.int64)
-    _step_block(envs, actions, 20)
-    return _step_block(envs, actions, steps)
-
-
 def vector_env(lib: Any, n: int, steps: int, shared_memory: bool) -> float:
     """gymnasium's AsyncVectorEnv on this library's context: seconds for ``steps`` steps."""
-    vec = VectorStepping(lib, n, shared_memory)
-    try:
-        return vec.block(steps)
-    finally:
-        vec.close()
+    return _one_block(VectorStepping(lib, n, shared_memory), steps)
 
 
 def _sb3_vec(lib: Any, n: int) -> Any:
@@ -205,11 +182,7 @@ def _sb3_vec(lib: Any, n: int) -> Any:
 
 def sb3_steps(lib: Any, n: int, steps: int) -> float:
     """Env steps/s of stable-baselines3's SubprocVecEnv with ``n`` envs, random actions."""
-    vec = VectorStepping(lib, n, sb3=True)
-    try:
-        return vec.block(steps)
-    finally:
-        vec.close()
+    return _one_block(VectorStepping(lib, n, sb3=True), steps)
 
 
 def sb3_start(lib: Any, n: int) -> float:
@@ -239,19 +212,6 @@ def sb3_ppo(lib: Any, steps: int) -> float:
 
 
 WARM = 200  # round trips before timing: connected, warm
-
-
-def _round_trip_us(send: Callable[[bytes], Any], recv: Callable[[], Any], n: int) -> float:
-    """Microseconds per 100-byte round trip (send, then the echo's recv), after WARM ones."""
-    payload = b"x" * 100
-    for _ in range(WARM):
-        send(payload)
-        recv()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        send(payload)
-        recv()
-    return (time.perf_counter() - t0) / n * 1e6
 
 
 class RoundTrips:
@@ -287,23 +247,21 @@ class RoundTrips:
 
 
 def pipe_rtt(lib: Any, n: int) -> float:
-    a, b = lib.Pipe()
-    p = lib.Process(target=T.echo_bytes, args=(b, n + WARM))
-    p.start()
-    micros = _round_trip_us(a.send_bytes, a.recv_bytes, n)
-    p.join(30)
-    return micros
+    """µs per 100-byte round trip over a Pipe to an echoing child (after WARM ones)."""
+    return _one_block(RoundTrips(lib), n)
 
 
 def queue_rtt(lib: Any, n: int) -> float:
-    inq, outq = lib.Queue(), lib.Queue()
-    p = lib.Process(target=T.echo_queue, args=(inq, outq))
-    p.start()
-    micros = _round_trip_us(inq.put, outq.get, n)
-    inq.put(None)
-    outq.get()
-    p.join(30)
-    return micros
+    """µs per 100-byte round trip through two Queues to an echoing child (after WARM ones)."""
+    return _one_block(RoundTrips(lib, queue=True), n)
+
+
+def _one_block(measure: Any, work: int) -> float:
+    """One block of a measure object (Stepping, VectorStepping, RoundTrips), then its end."""
+    try:
+        return float(measure.block(work))
+    finally:
+        measure.close()
 
 
 def queue_rate_out(lib: Any, n: int) -> float:
