@@ -6,7 +6,7 @@ master gets it (``bench_rl.py queue``). ``sys.settrace`` with opcode events coun
 bytecode the master's threads run during N round trips (the child runs untraced, in its own
 process); the count per round trip is printed per thread, then the functions that cost most.
 
-    python bench/queue_opcodes.py [N]      # about 20 s
+    python bench/queue_opcodes.py [N]      # about 20 s; TOP=40 lists 40 functions (15 by default)
 
 Not counted: C code (pickling, syscalls, locks), the child, waiting. Tracing slows the run
 about tenfold, so only the counts mean anything, not the times.
@@ -80,7 +80,7 @@ def main() -> int:
         print(f"{name}: {totals[name]:.0f} bytecodes per round trip "
               + ", ".join(f"{t} {v:.0f}" for t, v in sorted(per.items(), key=lambda kv: -kv[1]) if v >= 1))
         if name == "fibercore":
-            for (thread, fn), v in COUNTS.most_common(15):
+            for (thread, fn), v in COUNTS.most_common(int(os.environ.get("TOP", "15"))):
                 print(f"    {v / n:7.1f}  {thread:14}  {fn}")
     print(f"fibercore / multiprocessing: {totals['fibercore'] / totals['multiprocessing spawn']:.2f}x")
     return 0

@@ -30,6 +30,25 @@ def put_items(q: Any, items: list[Any]) -> None:
         q.put(item)
 
 
+def put_get_then_fork_and_put(q: Any, back: Any) -> None:
+    """Get and put through ``q`` (its client is now kept on the handle), then put from a process
+    forked from this job with ``os.fork`` (which must make a client of its own), then from
+    this job again."""
+    back.put(("job", q.get(timeout=60)))
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            back.put(("forked", q.get(timeout=60)))
+            back.close()
+            back.join_thread()
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    back.put(("job", os.waitstatus_to_exitcode(status)))
+
+
 def drain(q: Any, out: Any, sentinel_count: int = 1) -> None:
     got = []
     seen = 0

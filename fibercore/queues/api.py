@@ -14,7 +14,7 @@ from typing import Any
 from fibercore.errors import SerializationError
 from fibercore.lifetime import current_pid
 from fibercore.queues.broker import Broker, brokers
-from fibercore.queues.client import client_for, clients
+from fibercore.queues.client import Client, client_for, clients
 from fibercore.runtime import adopt_credentials, credentials_for_child, get_runtime
 from fibercore.serialization import dumps_or_explain
 
@@ -32,11 +32,22 @@ class Queue:
         self._address = broker.address
         self._creator = os.getpid()
         self._closed = False
+        self._here: tuple[int, Client] | None = None  # (pid, this process's client): _client()
         self._finalizer = weakref.finalize(self, _release, self._qid)
 
     # -- plumbing -----------------------------------------------------------------------------
     def _local(self) -> Broker | None:
         return brokers.get(self._qid) if current_pid() == self._creator else None
+
+    def _client(self, pid: int) -> Client:
+        """This process's client of the queue (``pid``: this process's), kept on the handle:
+        a get or put elsewhere than in the creator asks for it."""
+        here = self._here
+        if here is not None and here[0] == pid:
+            return here[1]
+        client = client_for(self._address, self._qid)
+        self._here = (pid, client)
+        return client
 
     def __reduce__(self) -> Any:
         return (_rebuild, (type(self), self._qid, self._address, self._creator, self._maxsize,
@@ -68,11 +79,12 @@ class Queue:
 
             traceback.print_exc()
             return
-        broker = brokers.get(self._qid) if current_pid() == self._creator else None  # _local(), inlined
+        pid = current_pid()
+        broker = brokers.get(self._qid) if pid == self._creator else None  # _local(), inlined
         if broker is not None:
             broker.put_local(parts, block, timeout)
             return
-        client_for(self._address, self._qid).put(parts, self._maxsize > 0, block, timeout)
+        self._client(pid).put(parts, self._maxsize > 0, block, timeout)
 
     def put_nowait(self, obj: Any) -> None:
         self.put(obj, False)
@@ -82,12 +94,12 @@ class Queue:
             self._check_closed()
         if timeout is not None and timeout < 0:
             raise ValueError("'timeout' must be a non-negative number")
-        broker = brokers.get(self._qid) if current_pid() == self._creator else None  # _local(), inlined
+        pid = current_pid()
+        broker = brokers.get(self._qid) if pid == self._creator else None  # _local(), inlined
         if broker is not None:
             parts = broker.get_local(block, timeout)
         else:
-            client = client_for(self._address, self._qid)
-            parts = client.get(block, timeout)
+            parts = self._client(pid).get(block, timeout)
         return get_runtime().serializer.loads(parts)
 
     def get_nowait(self) -> Any:
@@ -190,6 +202,7 @@ def _rebuild(cls: type[Queue], qid: str, address: str, creator: int, maxsize: in
     adopt_credentials(credentials)
     q = cls.__new__(cls)
     q._qid, q._address, q._creator, q._maxsize, q._closed = qid, address, creator, maxsize, False
+    q._here = None
     return q
 
 

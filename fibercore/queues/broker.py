@@ -100,7 +100,7 @@ class Broker:
         rt = get_runtime()
         self.qid = qid
         self.maxsize = maxsize
-        lock = threading.Lock()
+        self._lock = lock = threading.Lock()  # ``with self._lock`` on hot paths: a C call, not Condition's
         self.cv = threading.Condition(lock)  # local getters, putters and joiners wait here
         # The dispatch thread waits on its own condition, woken only when it has work: a
         # wake-up per queue operation (the GIL taken and given back for nothing) cost a
@@ -209,7 +209,7 @@ class Broker:
         """RECALL lent items when a remote reader waits with nothing lent and nothing is here
         (cv held). A waiting reader that still holds items asked ahead of need: it is not
         starved, and recalling for it alone would undo every prefetch of a reader keeping up."""
-        if self.items:
+        if self.items or not self.waiting:
             return
         for entry in self.waiting:
             reader = self.readers.get(entry[0])
@@ -269,7 +269,7 @@ class Broker:
     def put_local(self, parts: list[Any], block: bool, timeout: float | None) -> None:
         deadline = None if timeout is None else time.monotonic() + timeout
         parts = owned(parts)  # held here: the caller's array may change after put(); copied outside the lock
-        with self.cv:
+        with self._lock:
             while self.held >= self.budget or (self.maxsize > 0 and not self._room()):
                 if not block:
                     raise Full
@@ -291,7 +291,7 @@ class Broker:
 
     def get_local(self, block: bool, timeout: float | None) -> list[Any]:
         deadline = None if timeout is None else time.monotonic() + timeout
-        with self.cv:
+        with self._lock:
             if not self.items and not block and self._may_read():
                 self._read(0.0)  # what the kernel holds already
             if not self.items:
@@ -300,7 +300,8 @@ class Broker:
                 self.local_getters += 1
                 try:
                     while not self.items:
-                        self._recall(None)
+                        if self.readers:
+                            self._recall(None)
                         self._changed()
                         remaining = None if deadline is None else deadline - time.monotonic()
                         if remaining is not None and remaining <= 0:
@@ -315,7 +316,8 @@ class Broker:
                     self.local_getters -= 1
             parts = self.items.popleft()
             self._released(item_bytes(parts))
-            self._admit_puts()
+            if self.pending_puts:
+                self._admit_puts()
             self._changed()
             return parts
 
@@ -446,7 +448,8 @@ class Broker:
             self.cv.acquire()
             self.reader = None
             self.getter_read_at = time.monotonic()
-            self.cv.notify_all()  # another getter may read now
+            if self.cv._waiters:  # type: ignore[attr-defined]  # another getter may read now
+                self.cv.notify_all()
             if self.rest_untimed:  # the receiving thread looks again (once per long read)
                 self.rest_untimed = False
                 self.resting.notify()
@@ -587,8 +590,8 @@ class Broker:
 
     def _dispatch(self) -> None:
         """Serve waiting readers and send the replies of local operations; while a reader is
-        slow (:meth:`_deliver`) or asked to give back what it holds, look every second whether
-        it is stuck (:meth:`_check_stuck`)."""
+        slow (its replies wait in ``self.slow``) or asked to give back what it holds, look
+        every second whether it is stuck (:meth:`_check_stuck`)."""
         checked = time.monotonic()
         while True:
             if self._watching() and time.monotonic() - checked >= 1.0:
@@ -629,21 +632,20 @@ class Broker:
 
     def _send_replies(self, sends: list[tuple[Hashable, list[Any]]]) -> None:
         """Send replies (one thread at a time: ``sending``, so each reader gets its replies in
-        the order they were made); none waits for a reader's room (:meth:`_deliver`)."""
+        the order they were made); none waits for a reader's room: what does not fit now waits
+        in that reader's own outbox (``self.slow``), so one stopped reader holds up no other,
+        and is dropped when stuck (:data:`STUCK_AFTER`)."""
+        deliver = self.slow.deliver  # send now, or into the reader's own outbox when its connection is full
         for peer, messages in sends:
-            self._deliver(peer, messages)
-        with self.cv:
+            deliver(peer, messages)
+        with self._lock:
             self.sending = False
             # What others left while this thread sent (they skip sending meanwhile): a reader
             # that came to wait, items for waiting readers. The dispatch thread takes it.
-            self._recall_for_starved()
+            if self.waiting:
+                self._recall_for_starved()
             if self._dispatch_due():
                 self._changed()
-
-    def _deliver(self, peer: Hashable, messages: list[tuple[int, list[Any]]]) -> None:
-        """Send now, or into the reader's own outbox when its connection is full: one stopped
-        reader holds up no other, and is dropped when stuck (:data:`STUCK_AFTER`)."""
-        self.slow.deliver(peer, messages)
 
     def _slow_reader(self) -> None:
         with self.cv:
@@ -652,7 +654,9 @@ class Broker:
     def _sends_for_this_thread(self) -> list[tuple[Hashable, list[Any]]]:
         """Replies this thread may send itself, with ``block=False`` (cv held): none while
         another thread sends (replies leave in the order they were made)."""
-        sends = [] if self.sending else self._take_sends()
+        if self.sending or not (self.outbox or self.waiting or self.pending_puts):
+            return []  # (what _take_sends() would find: nothing due)
+        sends = self._take_sends()
         if sends:
             self.sending = True
         return sends
@@ -678,9 +682,11 @@ class Broker:
             if not self.items:
                 sends.append((peer, [(EMPTY, [])]))
                 continue
-            grant = self._grant(want)
+            grant = 1 if len(self.items) == 1 else self._grant(want)  # one item: _grant() gives 1
             popleft = self.items.popleft
-            if self.held <= GRANT_BYTES:  # what is queued (and lent) is less than a grant's bytes
+            if grant == 1:
+                batch = [popleft()]
+            elif self.held <= GRANT_BYTES:  # what is queued (and lent) is less than a grant's bytes
                 batch = [popleft() for _ in range(grant)]
             else:
                 batch = []
@@ -693,17 +699,22 @@ class Broker:
             reader.leased.extend(batch)
             messages: list[tuple[int, list[Any]]] = [(ITEM, parts) for parts in batch]
             if stands:
-                if not self.items and not self.burst and self._sole() and len(reader.leased) < STANDING_CREDIT:
+                if (not self.items and not self.burst and not self.local_getters and len(self.readers) == 1
+                        and len(reader.leased) < STANDING_CREDIT):  # _sole(), inlined
                     standing.append(entry)  # the next item goes to it as soon as it is put
                 else:
                     messages.append((DONE, []))
             sends.append((peer, messages))
-        self.waiting.extendleft(reversed(recalled))
-        self.waiting.extend(standing)
-        self._admit_puts()
+        if recalled:
+            self.waiting.extendleft(reversed(recalled))
+        if standing:
+            self.waiting.extend(standing)
+        if self.pending_puts:
+            self._admit_puts()
         self._recall_for_starved()
-        sends += self.outbox
-        self.outbox = []
+        if self.outbox:
+            sends += self.outbox
+            self.outbox = []
         return sends
 
     def _nowait_pending(self) -> bool:

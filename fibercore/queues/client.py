@@ -65,7 +65,7 @@ class Client:
         self.channel = rt.dial("router", address, service="queue")
         self.channel.send([(INTRO, [intro()])])  # who this is, should its job be declared lost
         self.sender = Sender(self.channel, name=f"fiber-queue-{qid[:8]}-feed")
-        lock = threading.Lock()
+        self._lock = lock = threading.Lock()  # ``with self._lock`` on hot paths: a C call, not Condition's
         self.cv = threading.Condition(lock)  # threads waiting for the broker
         # The background thread's own condition, so that a reply filed for a waiting
         # thread does not wake it too (it looks again every QUIET seconds while others wait).
@@ -94,6 +94,12 @@ class Client:
 
     def _file(self, messages: list[tuple[int, list[Any]]]) -> None:
         """What the broker sent (cv held)."""
+        if len(messages) == 1 and messages[0][0] == ITEM:  # the usual frame: one item (a standing GET's)
+            self.last_grant = 1
+            self.stood = self.standing
+            self.buffer.append(messages[0][1])
+            self.outstanding = self.standing
+            return
         granted = sum(1 for op, _ in messages if op == ITEM)
         if granted:
             self.last_grant = granted
@@ -139,7 +145,8 @@ class Client:
             self.reading = False
         if messages:
             self._file(messages)
-        self.cv.notify_all()  # what came, and the reading is free again
+        if self.cv._waiters:  # type: ignore[attr-defined]  # CPython's Condition: only if one waits
+            self.cv.notify_all()  # what came, and the reading is free again
 
     def _wait(self, done: Callable[[], bool], deadline: float | None) -> bool:
         """Until ``done()`` (cv held): receive on the connection while no other thread does,
@@ -214,7 +221,7 @@ class Client:
 
     def get(self, block: bool, timeout: float | None) -> list[Any]:
         deadline = None if timeout is None else time.monotonic() + timeout
-        with self.cv:
+        with self._lock:
             self.empty_reply = False
             if not block and not self.buffer and self.outstanding:
                 raise Empty  # a blocking request is already out; nothing has arrived

@@ -73,13 +73,17 @@ def read_intro(part: Any) -> tuple[str, int, str] | None:
 MAX_GRANT = 4096
 GRANT_BYTES = 1 << 20
 #: Items a standing GET may hold lent and unacknowledged before the broker ends it.
-STANDING_CREDIT = 32
+STANDING_CREDIT = 64
 #: Seconds the creator's ``qsize`` waits for readers' answers to COUNT; a reader that did not
 #: answer in time (stopped, or busy without releasing the GIL) is not asked again until it
 #: next speaks, and its lent items count as still queued.
 COUNT_WAIT = 2.0
-#: A reader with a standing GET acknowledges after consuming this many items.
-ACK_EVERY = 8
+#: A reader with a standing GET acknowledges after consuming this many items. Each ACK wakes
+#: the broker's receiving thread in the creator (a GIL switch there, a send here): every 16
+#: items instead of every 8 took a 100-byte Queue round trip from 1.15x to 1.08x fork's
+#: (``bench_rl.py --paired queue``). What is lent and not acknowledged stays within the
+#: credit and the queue's byte budget, and comes back through RECALL when another reader waits.
+ACK_EVERY = 16
 Empty = _stdlib_queue.Empty
 Full = _stdlib_queue.Full
 
