@@ -310,6 +310,12 @@ def take_n(q: Any, out: Any, n: int) -> None:
     out.put([q.get(timeout=120) for _ in range(n)])
 
 
+def report_each(q: Any, out: Any, n: int) -> None:
+    """Get ``n`` items from ``q``, putting each on ``out`` as soon as it was got."""
+    for _ in range(n):
+        out.put(q.get(timeout=120))
+
+
 def count_changed(source: Any, reply: Any, n: int) -> None:
     """Take ``n`` buffers (arrays, bytearrays) from a Pipe end or Queue and tell ``reply``
     how many are not all ones, as each was when it was sent."""

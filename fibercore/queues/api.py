@@ -45,7 +45,7 @@ class Queue:
         here = self._here
         if here is not None and here[0] == pid:
             return here[1]
-        client = client_for(self._address, self._qid)
+        client = client_for(self._address, self._qid, self._maxsize)
         self._here = (pid, client)
         return client
 
@@ -110,12 +110,12 @@ class Queue:
         broker = self._local()
         if broker is not None:
             return broker.qsize_local()
-        return client_for(self._address, self._qid).qsize()
+        return client_for(self._address, self._qid, self._maxsize).qsize()
 
     def empty(self) -> bool:
         broker = self._local()
         if broker is None:
-            client = client_for(self._address, self._qid)
+            client = client_for(self._address, self._qid, self._maxsize)
             if client.buffer:
                 return False
         return self.qsize() <= 0
@@ -177,14 +177,14 @@ class JoinableQueue(Queue):
                     raise ValueError("task_done() called too many times")
                 broker._task_done(1)
             return
-        client_for(self._address, self._qid).task_done()
+        client_for(self._address, self._qid, self._maxsize).task_done()
 
     def join(self) -> None:
         broker = self._local()
         if broker is not None:
             broker.join_local()
             return
-        client_for(self._address, self._qid).join()
+        client_for(self._address, self._qid, self._maxsize).join()
 
 
 class SimpleQueue(Queue):

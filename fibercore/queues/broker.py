@@ -270,7 +270,15 @@ class Broker:
         deadline = None if timeout is None else time.monotonic() + timeout
         parts = owned(parts)  # held here: the caller's array may change after put(); copied outside the lock
         with self._lock:
+            counted = False
             while self.held >= self.budget or (self.maxsize > 0 and not self._room()):
+                if not counted and self._leased_count():
+                    # Lent items count as held until their reader acknowledges them: ask the
+                    # readers what they consumed (as qsize() does), once per put, so that a
+                    # queue its readers emptied takes the put, as multiprocessing's would.
+                    counted = True
+                    self._count_leases()
+                    continue
                 if not block:
                     raise Full
                 remaining = None if deadline is None else deadline - time.monotonic()
@@ -357,12 +365,7 @@ class Broker:
         (cv held; at most :data:`COUNT_WAIT`): items a reader took before an action this
         process has seen (an Event it set, a message it sent) are then no longer counted,
         as with multiprocessing, where the reader's ``get`` took them out of the pipe."""
-        asked = []
-        for peer, reader in self.readers.items():
-            if reader.leased and not reader.mute:
-                reader.asked = req = u64(next(self._counts))
-                self.outbox.append((peer, [(COUNT, [req])]))
-                asked.append(reader)
+        asked = self._ask_counts(again=True)
         if not asked:
             return
         self._changed()  # the dispatch thread sends the COUNTs
@@ -378,6 +381,17 @@ class Broker:
                 self._read(remaining)
             else:
                 self.cv.wait(remaining)
+
+    def _ask_counts(self, again: bool) -> list[Reader]:
+        """Send COUNT to each reader holding lent items (cv held; not to one that did not
+        answer in time before, nor, unless ``again``, to one already asked): the readers asked."""
+        asked = []
+        for peer, reader in self.readers.items():
+            if reader.leased and not reader.mute and (again or reader.asked is None):
+                reader.asked = req = u64(next(self._counts))
+                self.outbox.append((peer, [(COUNT, [req])]))
+                asked.append(reader)
+        return asked
 
     # -- network -----------------------------------------------------------------------------
     def _peer_event(self, peer: Hashable, added: bool) -> None:
@@ -521,9 +535,11 @@ class Broker:
                 malformed(self.address, peer, op, exc)
         if self.held > self.budget and peer not in self.paused and any(op == PUT for op, _ in messages):
             # A writer beyond the byte budget: stop reading its connection (its puts
-            # then block, as on a full queue) until readers take items out.
+            # then block, as on a full queue) until readers take items out. Lent items
+            # count until acknowledged: readers are asked what they consumed (put_local).
             self.paused.add(peer)
             self.channel.pause(peer)
+            self._ask_counts(again=False)
         # Answer at once from this thread when no other is sending (a hand-off to
         # the dispatch thread costs a GIL switch, up to 5 ms in a busy process).
         sends = self._sends_for_this_thread()
@@ -569,6 +585,8 @@ class Broker:
         elif op == PUTSYNC:
             self.pending_puts.append((peer, bytes(parts[0]), parts[1:]))
             self._admit_puts()
+            if self.pending_puts:  # no room: readers may have consumed lent items (put_local)
+                self._ask_counts(again=False)
         elif op == CANCEL:
             original = bytes(parts[1])
             before = len(self.pending_puts)

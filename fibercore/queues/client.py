@@ -60,7 +60,7 @@ class Client:
     things, and what it consumed is acknowledged (a ``get`` leaves that to the next request).
     """
 
-    def __init__(self, address: str, qid: str) -> None:
+    def __init__(self, address: str, qid: str, maxsize: int = 0) -> None:
         rt = get_runtime()
         self.channel = rt.dial("router", address, service="queue")
         self.channel.send([(INTRO, [intro()])])  # who this is, should its job be declared lost
@@ -76,6 +76,10 @@ class Client:
         self.standing = False  # ... and it is a standing one (items come until DONE)
         self.stood = False  # ... that the broker answered and kept open: items come as put
         self.acked = 0  # ``consumed`` as the broker last heard it
+        # Until the broker hears of them, consumed items count as held there: on a bounded
+        # queue they would fill it (a put that finds it full asks, with COUNT, but a round trip
+        # per put is slow). A standing GET's reader acknowledges within a quarter of maxsize.
+        self.ack_every = ACK_EVERY if maxsize <= 0 else max(1, min(ACK_EVERY, maxsize // 4))
         self.empty_reply = False
         self.replies: dict[bytes, list[Any]] = {}
         self.req = itertools.count(1)
@@ -249,8 +253,8 @@ class Client:
             self.gets += 1
             if self.stood:
                 # The broker keeps lending as items come, up to its credit: tell it what was
-                # consumed every ACK_EVERY items (or, idle, after QUIET seconds).
-                if self.consumed - self.acked >= ACK_EVERY:
+                # consumed every ``ack_every`` items (or, idle, after QUIET seconds).
+                if self.consumed - self.acked >= self.ack_every:
                     self._ack()
                 else:
                     self.owe_ack = True  # the background thread tells it after QUIET seconds
@@ -323,15 +327,15 @@ class Client:
             self.request(SIZE, [u64(self.consumed)], 10.0)
 
 
-def client_for(address: str, qid: str) -> Client:
-    """This process's connection to the broker of queue ``qid``."""
+def client_for(address: str, qid: str, maxsize: int = 0) -> Client:
+    """This process's connection to the broker of queue ``qid`` (of ``maxsize``: 0 unbounded)."""
     client = clients.peek(qid)  # every get/put asks: no closure made on that path
     if client is not None:
         return client
 
     def make() -> Client:
         at_process_end(_at_exit)
-        return Client(address, qid)
+        return Client(address, qid, maxsize)
 
     return clients.get(qid, make)
 
