@@ -310,8 +310,16 @@ def take_n(q: Any, out: Any, n: int) -> None:
     out.put([q.get(timeout=120) for _ in range(n)])
 
 
-def report_each(q: Any, out: Any, n: int) -> None:
-    """Get ``n`` items from ``q``, putting each on ``out`` as soon as it was got."""
+def report_each(q: Any, out: Any, n: int, ack_only_when_asked: bool = False) -> None:
+    """Get ``n`` items from ``q``, putting each on ``out`` as soon as it was got. With
+    ``ack_only_when_asked`` this reader never acknowledges what it consumed by itself (no
+    ACK every few items, none when idle): the queue's broker learns it only by asking (COUNT)."""
+    if ack_only_when_asked:
+        from fibercore.queues import client
+
+        client.QUIET = 3600.0  # the background thread and an idle get acknowledge after this
+        reader = client.client_for(q._address, q._qid, q._maxsize)
+        reader.ack_every = reader.ack_bytes = 1 << 62
     for _ in range(n):
         out.put(q.get(timeout=120))
 

@@ -83,13 +83,14 @@ def _replies_bytes(messages: list[tuple[int, list[Any]]]) -> int:
 
 
 class Reader:
-    __slots__ = ("leased", "acked", "recalled", "asked", "mute")
+    __slots__ = ("leased", "acked", "recalled", "asked", "asked_at", "mute")
 
     def __init__(self) -> None:
         self.leased: deque[list[Any]] = deque()
         self.acked = 0
         self.recalled = False
         self.asked: bytes | None = None  # the COUNT it has not answered yet
+        self.asked_at = -math.inf  # when a put last sent it a COUNT (_ask_counts)
         self.mute = False  # did not answer a COUNT in time: not asked again until it speaks
 
 
@@ -270,21 +271,20 @@ class Broker:
         deadline = None if timeout is None else time.monotonic() + timeout
         parts = owned(parts)  # held here: the caller's array may change after put(); copied outside the lock
         with self._lock:
-            counted = False
             while self.held >= self.budget or (self.maxsize > 0 and not self._room()):
-                if not counted and self._leased_count():
-                    # Lent items count as held until their reader acknowledges them: ask the
-                    # readers what they consumed (as qsize() does), once per put, so that a
-                    # queue its readers emptied takes the put, as multiprocessing's would.
-                    counted = True
-                    self._count_leases()
-                    continue
+                # Lent items count as held until their reader acknowledges them: ask the
+                # readers what they consumed (at most every QUIET seconds each), without
+                # waiting for the answers here: a COUNTED frees room as an ACK does, and
+                # wakes this put if it waits.
+                lent = self._ask_counts(again=False) or self._leased_count()
+                if lent:
+                    self._changed()  # the dispatch thread sends the COUNTs
                 if not block:
                     raise Full
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     raise Full
-                self.cv.wait(remaining)
+                self.cv.wait(min(QUIET, remaining) if lent and remaining is not None else QUIET if lent else remaining)
             self._append(parts)
             now = _clock()
             self.burst, self.last_put = now - self.last_put < BURST_GAP, now
@@ -384,13 +384,21 @@ class Broker:
 
     def _ask_counts(self, again: bool) -> list[Reader]:
         """Send COUNT to each reader holding lent items (cv held; not to one that did not
-        answer in time before, nor, unless ``again``, to one already asked): the readers asked."""
+        answer in time before): the readers asked. ``again`` (``qsize``) asks every one; else
+        (a put finding no room) not one whose answer is still due, nor one asked within
+        QUIET seconds (a loop of ``put_nowait`` on a full queue sends no COUNT per call)."""
         asked = []
+        now = time.monotonic()
         for peer, reader in self.readers.items():
-            if reader.leased and not reader.mute and (again or reader.asked is None):
-                reader.asked = req = u64(next(self._counts))
-                self.outbox.append((peer, [(COUNT, [req])]))
-                asked.append(reader)
+            if not reader.leased or reader.mute:
+                continue
+            if not again:
+                if reader.asked is not None or now - reader.asked_at < QUIET:
+                    continue
+                reader.asked_at = now
+            reader.asked = req = u64(next(self._counts))
+            self.outbox.append((peer, [(COUNT, [req])]))
+            asked.append(reader)
         return asked
 
     # -- network -----------------------------------------------------------------------------

@@ -41,6 +41,7 @@ from fibercore.queues.protocol import (
     Empty,
     Full,
     intro,
+    item_bytes,
     read_u64,
     u64,
 )
@@ -76,10 +77,13 @@ class Client:
         self.standing = False  # ... and it is a standing one (items come until DONE)
         self.stood = False  # ... that the broker answered and kept open: items come as put
         self.acked = 0  # ``consumed`` as the broker last heard it
-        # Until the broker hears of them, consumed items count as held there: on a bounded
-        # queue they would fill it (a put that finds it full asks, with COUNT, but a round trip
-        # per put is slow). A standing GET's reader acknowledges within a quarter of maxsize.
+        # Until the broker hears of them, consumed items count as held there, toward maxsize
+        # and the byte budget: a put finding no room asks (COUNT), at most every QUIET
+        # seconds. A standing GET's reader acknowledges within a quarter of either, so that
+        # a queue its reader keeps empty does not make puts wait for that.
         self.ack_every = ACK_EVERY if maxsize <= 0 else max(1, min(ACK_EVERY, maxsize // 4))
+        self.ack_bytes = max(1, int(rt.config.get("queue_max_bytes")) // 4)
+        self.unacked_bytes = 0  # of the items consumed since ``acked`` was set
         self.empty_reply = False
         self.replies: dict[bytes, list[Any]] = {}
         self.req = itertools.count(1)
@@ -125,10 +129,10 @@ class Client:
                 # reader it recalled): a getter that waits asks again, behind the others.
                 self.outstanding = self.standing = self.stood = False
                 self.sender.put((RETURN, [u64(self.consumed), u64(n)]))
-                self.acked = self.consumed
+                self.acked, self.unacked_bytes = self.consumed, 0
             elif op == COUNT:  # the creator asks its queue's size: say what was taken
                 self.sender.put((COUNTED, [bytes(parts[0]), u64(self.consumed)]))
-                self.acked = self.consumed
+                self.acked, self.unacked_bytes = self.consumed, 0
                 self.owe_ack = False
             elif op in (PUTACK, SIZEIS, JOINED, CANCELLED):
                 self.replies[bytes(parts[0])] = [op, *parts[1:]]
@@ -196,7 +200,7 @@ class Client:
                 elif self.owe_ack and not self.outstanding:
                     self.owe_ack = False
                     self.sender.put((RETURN, [u64(self.consumed), u64(0)]))
-                    self.acked = self.consumed
+                    self.acked, self.unacked_bytes = self.consumed, 0
                 self._receive_once(None)  # until the broker says something, or the end
 
     def request(self, op: int, extra: list[Any], timeout: float | None,
@@ -214,13 +218,13 @@ class Client:
         until it answers DONE (see :mod:`fibercore.queues.protocol`). It carries the ack."""
         self.sender.put((GET, [u64(MAX_GRANT), u64(self.consumed), u64(nowait), u64(not nowait)]))
         self.outstanding, self.standing, self.stood = True, not nowait, False
-        self.acked = self.consumed
+        self.acked, self.unacked_bytes = self.consumed, 0
         self.owe_ack = False
 
     def _ack(self) -> None:
         """Tell the broker what was consumed (cv held; a standing GET's reader)."""
         self.sender.put((ACK, [u64(self.consumed)]))
-        self.acked = self.consumed
+        self.acked, self.unacked_bytes = self.consumed, 0
         self.owe_ack = False
 
     def get(self, block: bool, timeout: float | None) -> list[Any]:
@@ -253,8 +257,10 @@ class Client:
             self.gets += 1
             if self.stood:
                 # The broker keeps lending as items come, up to its credit: tell it what was
-                # consumed every ``ack_every`` items (or, idle, after QUIET seconds).
-                if self.consumed - self.acked >= self.ack_every:
+                # consumed every ``ack_every`` items or ``ack_bytes`` bytes (or, idle, after
+                # QUIET seconds).
+                self.unacked_bytes += item_bytes(parts)
+                if self.consumed - self.acked >= self.ack_every or self.unacked_bytes >= self.ack_bytes:
                     self._ack()
                 else:
                     self.owe_ack = True  # the background thread tells it after QUIET seconds

@@ -83,9 +83,9 @@ COUNT_WAIT = 2.0
 #: items instead of every 8 took a 100-byte Queue round trip from 1.15x to 1.08x fork's
 #: (``bench_rl.py --paired queue``). What is lent and not acknowledged stays within the
 #: credit and the queue's byte budget, and comes back through RECALL when another reader waits.
-#: On a bounded queue a reader acknowledges within a quarter of ``maxsize``; a put that finds
-#: the queue full or over its byte budget while items are lent first asks their readers what
-#: they consumed (COUNT), as ``qsize`` does.
+#: A reader also acknowledges within a quarter of a bounded queue's ``maxsize`` and of the
+#: byte budget; a put that finds no room while items are lent asks their readers what they
+#: consumed (COUNT, at most every QUIET seconds each), without waiting for the answers.
 ACK_EVERY = 16
 Empty = _stdlib_queue.Empty
 Full = _stdlib_queue.Full
