@@ -623,3 +623,41 @@ def test_a_queue_its_reader_emptied_takes_puts_up_to_the_byte_budget_though_it_n
         assert p.exitcode == 0
     finally:
         mp.init()
+
+
+def test_putters_waiting_on_a_queue_full_of_lent_items_do_not_spin():
+    """Threads of the creator waiting in put() on a bounded queue whose items a remote reader
+    holds unconsumed ask that reader (COUNT) now and then, and otherwise sleep: they must not
+    wake each other (CPU time, which a busy machine can only lower, not wall time)."""
+    import threading
+
+    q, done = mp.Queue(maxsize=4), mp.Queue()
+    p = mp.Process(target=get_one_then_sleep, args=(q, done))
+    p.start()
+    try:
+        q.put(0, timeout=60)
+        assert done.get(timeout=60) == "got one"
+        with pytest.raises(queue.Full):
+            for i in range(1, 10):
+                q.put(i, timeout=0.5)  # the reader holds what it is lent, unconsumed: full
+        outcomes: list[str] = []
+
+        def putter() -> None:
+            try:
+                q.put("x", timeout=2)
+                outcomes.append("put")
+            except queue.Full:
+                outcomes.append("Full")
+
+        threads = [threading.Thread(target=putter) for _ in range(3)]
+        cpu = time.process_time()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        cpu = time.process_time() - cpu
+        assert outcomes == ["Full"] * 3
+        assert cpu < 1.0, f"the waiting putters used {cpu:.2f} s of CPU in 2 s"
+    finally:
+        p.terminate()
+        p.join(30)

@@ -276,9 +276,11 @@ class Broker:
                 # readers what they consumed (at most every QUIET seconds each), without
                 # waiting for the answers here: a COUNTED frees room as an ACK does, and
                 # wakes this put if it waits.
-                lent = self._ask_counts(again=False) or self._leased_count()
-                if lent:
-                    self._changed()  # the dispatch thread sends the COUNTs
+                asked = self._ask_counts(again=False)
+                if asked:
+                    self._changed()  # the dispatch thread sends the COUNTs (no notify otherwise:
+                    # two waiting putters would wake each other for ever)
+                lent = asked or self._leased_count()
                 if not block:
                     raise Full
                 remaining = None if deadline is None else deadline - time.monotonic()
