@@ -6,6 +6,8 @@ deadline: a hang is a failure, not a stuck suite).
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -20,17 +22,50 @@ from hypothesis import strategies as st
 import fibercore as mp
 
 
+def _descendants(pid: int) -> list[int]:
+    """The processes below ``pid`` (from /proc: its threads' children, recursively)."""
+    found: list[int] = []
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                children = [int(c) for c in f.read().split()]
+        except OSError:
+            continue
+        for child in children:
+            found += [child, *_descendants(child)]
+    return found
+
+
 def run_script(tmp_path: Path, source: str, timeout: float = 60.0, args: tuple[str, ...] = (),
                **kw) -> subprocess.CompletedProcess[str]:
-    """Run ``source`` as a main script; fail (not hang) if it does not end in ``timeout``."""
+    """Run ``source`` as a main script; fail (not hang) if it does not end in ``timeout``,
+    with where each of its processes was stuck (faulthandler's stacks, on SIGABRT)."""
     script = tmp_path / "program.py"
     script.write_text(textwrap.dedent(source))
+    env = {**(kw.pop("env", None) or os.environ), "PYTHONFAULTHANDLER": "1"}
+    proc = subprocess.Popen([sys.executable, str(script), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=tmp_path, env=env, **kw)
     try:
-        return subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True,
-                              timeout=timeout, cwd=tmp_path, **kw)
-    except subprocess.TimeoutExpired as exc:
-        raise AssertionError(f"the program did not end within {timeout} s; its output:\n"
-                             f"{exc.stdout}\n{exc.stderr}") from None
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        for pid in [*_descendants(proc.pid), proc.pid]:  # the program's own processes, by PID
+            try:
+                os.kill(pid, signal.SIGABRT)
+            except ProcessLookupError:
+                continue
+            time.sleep(0.3)  # one dump at a time on the shared stderr
+        try:
+            out, err = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+        raise AssertionError(f"the program did not end within {timeout} s; its output:\n{out}\n"
+                             f"its stacks when it was stopped (SIGABRT):\n{err[-20000:]}") from None
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 @pytest.fixture(scope="module")
