@@ -110,12 +110,12 @@ class Queue:
         broker = self._local()
         if broker is not None:
             return broker.qsize_local()
-        return client_for(self._address, self._qid, self._maxsize).qsize()
+        return self._client(current_pid()).qsize()
 
     def empty(self) -> bool:
         broker = self._local()
         if broker is None:
-            client = client_for(self._address, self._qid, self._maxsize)
+            client = self._client(current_pid())
             if client.buffer:
                 return False
         return self.qsize() <= 0
@@ -177,14 +177,14 @@ class JoinableQueue(Queue):
                     raise ValueError("task_done() called too many times")
                 broker._task_done(1)
             return
-        client_for(self._address, self._qid, self._maxsize).task_done()
+        self._client(current_pid()).task_done()
 
     def join(self) -> None:
         broker = self._local()
         if broker is not None:
             broker.join_local()
             return
-        client_for(self._address, self._qid, self._maxsize).join()
+        self._client(current_pid()).join()
 
 
 class SimpleQueue(Queue):

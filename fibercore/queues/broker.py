@@ -280,13 +280,14 @@ class Broker:
                 if asked:
                     self._changed()  # the dispatch thread sends the COUNTs (no notify otherwise:
                     # two waiting putters would wake each other for ever)
-                lent = asked or self._leased_count()
                 if not block:
                     raise Full
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     raise Full
-                self.cv.wait(min(QUIET, remaining) if lent and remaining is not None else QUIET if lent else remaining)
+                if asked or self._leased_count():  # look (and ask) again within QUIET seconds
+                    remaining = QUIET if remaining is None else min(QUIET, remaining)
+                self.cv.wait(remaining)
             self._append(parts)
             now = _clock()
             self.burst, self.last_put = now - self.last_put < BURST_GAP, now
@@ -670,8 +671,7 @@ class Broker:
             self.sending = False
             # What others left while this thread sent (they skip sending meanwhile): a reader
             # that came to wait, items for waiting readers. The dispatch thread takes it.
-            if self.waiting:
-                self._recall_for_starved()
+            self._recall_for_starved()
             if self._dispatch_due():
                 self._changed()
 
@@ -727,8 +727,7 @@ class Broker:
             reader.leased.extend(batch)
             messages: list[tuple[int, list[Any]]] = [(ITEM, parts) for parts in batch]
             if stands:
-                if (not self.items and not self.burst and not self.local_getters and len(self.readers) == 1
-                        and len(reader.leased) < STANDING_CREDIT):  # _sole(), inlined
+                if not self.items and not self.burst and self._sole() and len(reader.leased) < STANDING_CREDIT:
                     standing.append(entry)  # the next item goes to it as soon as it is put
                 else:
                     messages.append((DONE, []))

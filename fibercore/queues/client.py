@@ -129,10 +129,10 @@ class Client:
                 # reader it recalled): a getter that waits asks again, behind the others.
                 self.outstanding = self.standing = self.stood = False
                 self.sender.put((RETURN, [u64(self.consumed), u64(n)]))
-                self.acked, self.unacked_bytes = self.consumed, 0
+                self._heard()
             elif op == COUNT:  # the creator asks its queue's size: say what was taken
                 self.sender.put((COUNTED, [bytes(parts[0]), u64(self.consumed)]))
-                self.acked, self.unacked_bytes = self.consumed, 0
+                self._heard()
                 self.owe_ack = False
             elif op in (PUTACK, SIZEIS, JOINED, CANCELLED):
                 self.replies[bytes(parts[0])] = [op, *parts[1:]]
@@ -200,7 +200,7 @@ class Client:
                 elif self.owe_ack and not self.outstanding:
                     self.owe_ack = False
                     self.sender.put((RETURN, [u64(self.consumed), u64(0)]))
-                    self.acked, self.unacked_bytes = self.consumed, 0
+                    self._heard()
                 self._receive_once(None)  # until the broker says something, or the end
 
     def request(self, op: int, extra: list[Any], timeout: float | None,
@@ -218,13 +218,17 @@ class Client:
         until it answers DONE (see :mod:`fibercore.queues.protocol`). It carries the ack."""
         self.sender.put((GET, [u64(MAX_GRANT), u64(self.consumed), u64(nowait), u64(not nowait)]))
         self.outstanding, self.standing, self.stood = True, not nowait, False
-        self.acked, self.unacked_bytes = self.consumed, 0
+        self._heard()
         self.owe_ack = False
+
+    def _heard(self) -> None:
+        """The broker was told (or is being told) everything consumed so far (cv held)."""
+        self.acked, self.unacked_bytes = self.consumed, 0
 
     def _ack(self) -> None:
         """Tell the broker what was consumed (cv held; a standing GET's reader)."""
         self.sender.put((ACK, [u64(self.consumed)]))
-        self.acked, self.unacked_bytes = self.consumed, 0
+        self._heard()
         self.owe_ack = False
 
     def get(self, block: bool, timeout: float | None) -> list[Any]:
