@@ -108,6 +108,22 @@ def test_small_numpy_objects_come_back_exactly_as_numpys_own_pickle_gives_them(i
         _pickled_like_numpy(out, ref)
 
 
+def test_every_numpy_scalar_type_comes_back_as_numpys_own_pickle_gives_it():
+    """Each numpy scalar type (float16 to clongdouble, longlong, dates in several units) sent in
+    a small message arrives as numpy's own pickle gives it: the reducer kept per type for
+    numbers and booleans names the type's dtype once, for every value of the type."""
+    kinds = {k for k in np.sctypeDict.values() if isinstance(k, type) and issubclass(k, np.generic)}
+    values = [k(1) for k in kinds if np.dtype(k).kind in "biufc"]
+    values += [np.datetime64("2020-01-02", unit) for unit in ("D", "s", "ns")]
+    values += [np.timedelta64(5, unit) for unit in ("ms", "h")]
+    for value in values:
+        message = ("step", value, -value if np.dtype(type(value)).kind in "ifcm" else value)
+        back = S.loads(S.dumps(message))
+        reference = pickle.loads(pickle.dumps(message, protocol=5))
+        for out, ref in zip(back[1:], reference[1:], strict=True):
+            _pickled_like_numpy(out, ref)
+
+
 def test_an_rl_step_pickles_with_one_global_per_numpy_object():
     """``("step", np.int64(1))`` and ``(obs, reward, terminated, truncated)`` carry one global
     each for their numpy objects (numpy's own pickle: two, each an import look-up)."""

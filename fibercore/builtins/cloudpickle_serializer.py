@@ -82,11 +82,8 @@ def _plain_data(obj: Any) -> int:
 def _plain_kind(obj: Any) -> int:
     """:func:`_plain_data`'s answer, plus :data:`_NUMPY_INSIDE` when the data holds a numpy
     array or scalar (then small data is pickled by :mod:`~fibercore.builtins.numpy_pickling`)."""
-    np = sys.modules.get("numpy")
-    ndarray = generic = None
-    if np is not None:
-        ndarray, generic = np.ndarray, np.generic
     kind = type(obj)
+    odd = None
     if (kind is tuple or kind is list) and len(obj) <= 16:
         # A flat tuple (an RL step's (obs, reward, terminated, truncated), a task's arguments):
         # its types looked at in one pass, its arrays alone one by one.
@@ -95,15 +92,19 @@ def _plain_kind(obj: Any) -> int:
             return 1
         if odd <= _NUMPY_SCALARS:  # (an action sent as ("step", np.int64(1)))
             return 1 | _NUMPY_INSIDE
-        if ndarray is not None and len(odd) == 1 and ndarray in odd:
-            found = 1 | _NUMPY_INSIDE
-            for item in obj:
-                if type(item) is ndarray:
-                    if item.dtype.hasobject:
-                        return 0
-                    if item.nbytes >= _OOB_MIN:
-                        found = 2 | _NUMPY_INSIDE
-            return found
+    np = sys.modules.get("numpy")
+    ndarray = generic = None
+    if np is not None:
+        ndarray, generic = np.ndarray, np.generic
+    if odd is not None and ndarray is not None and len(odd) == 1 and ndarray in odd:
+        found = 1 | _NUMPY_INSIDE
+        for item in obj:
+            if type(item) is ndarray:
+                if item.dtype.hasobject:
+                    return 0
+                if item.nbytes >= _OOB_MIN:
+                    found = 2 | _NUMPY_INSIDE
+        return found
     budget = _WALK_BUDGET
     stack = [obj]
     found = 1

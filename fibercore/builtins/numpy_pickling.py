@@ -77,6 +77,17 @@ def _reduce_array(a: Any) -> Any:
     return np_array, (pickle.PickleBuffer(a), code, a.shape)
 
 
+def _scalar_reducer(code: str) -> Any:
+    """:func:`_reduce_scalar` for a scalar type whose every value has the dtype of ``code``: a
+    number or boolean (in this machine's byte order, as numpy gives every scalar; dates are not
+    such a type: their unit differs from value to value)."""
+
+    def reduce(x: Any) -> Any:
+        return np_scalar, (code, x.tobytes())
+
+    return reduce
+
+
 _table: dict[type, Any] | None = None
 
 
@@ -89,7 +100,8 @@ def _dispatch_table() -> dict[type, Any]:
         table: dict[type, Any] = {np.ndarray: _reduce_array}
         for kind in set(np.sctypeDict.values()):
             if isinstance(kind, type) and issubclass(kind, np.generic) and np.dtype(kind).kind in _KINDS:
-                table[kind] = _reduce_scalar
+                code = _code(np.dtype(kind)) if np.dtype(kind).kind in _ARRAY_KINDS else None
+                table[kind] = _reduce_scalar if code is None else _scalar_reducer(code)
         _table = table
     return _table
 

@@ -52,7 +52,8 @@ class Line:
         self._seal_one = session.sealer.seal_one
         self._write = lane._send_parts
         # A short frame (a stream's: its one-byte header and the message) goes to the
-        # transport's write of two buffers as it is: no sealing call, no list of parts.
+        # transport's write of two buffers as it is: no sealing call, no list of parts; so
+        # does a frame sealed in two buffers (a network connection's small message).
         self._write_two = lane._send_two
         self._heads = session.sealer.short_heads if lane._send_two is not None else None
         self._read = lane._recv_frame
@@ -91,7 +92,11 @@ class Line:
                 if heads is not None and op < SHORT:  # seal_one's short frame, inlined
                     self._write_two(heads[op], parts[0])  # type: ignore[misc]
                 else:
-                    self._write(self._seal_one(op, parts[0]), session, True)
+                    sealed = self._seal_one(op, parts[0])
+                    if len(sealed) == 2 and type(sealed[1]) is memoryview and self._write_two is not None:
+                        self._write_two(sealed[0], sealed[1])  # a sealed frame of two buffers, as it is
+                    else:
+                        self._write(sealed, session, True)
                 if session.deferred:
                     send_deferred(session, self._write)
             finally:

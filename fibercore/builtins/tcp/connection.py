@@ -517,7 +517,8 @@ class Line:
         conn = self._conn  # plain: a line is never made for a TLS connection
         try:
             total = ((head.nbytes if type(head) is memoryview else len(head))
-                     + (len(body) if type(body) is bytes else _byte_view(body).nbytes))
+                     + (len(body) if type(body) is bytes else body.nbytes if type(body) is memoryview
+                        else _byte_view(body).nbytes))
             if total <= RECORD_MAX:
                 conn.write_record([_HEADER.pack(total), head, body], total)
             else:
