@@ -105,46 +105,55 @@ def _plain_kind(obj: Any) -> int:
                 if item.nbytes >= _OOB_MIN:
                     found = 2 | _NUMPY_INSIDE
         return found
-    budget = _WALK_BUDGET
+    # The walk: containers go on the stack; each one's items are looked at in a loop of their
+    # own, where a plain scalar (most of an RL message's items) costs one look-up.
+    budget = _WALK_BUDGET - 1  # the object itself; each container's items as it is taken
     stack = [obj]
     found = 1
     big_bytes = False
     numpy = 0
     while stack:
-        budget -= 1
+        container = stack.pop()
+        kind = type(container)
+        if kind is tuple or kind is list:
+            budget -= len(container)
+            items = container
+        elif kind is dict:
+            budget -= 2 * len(container)
+            items = (*container, *container.values()) if budget >= 0 else ()
+        else:  # the object itself is not a container
+            items = (container,)
         if budget < 0:
             return 0
-        item = stack.pop()
-        kind = type(item)
-        if kind in _PLAIN:
-            if kind is bytes and len(item) >= _OOB_BYTES:
-                big_bytes = True
-            continue
-        if kind is tuple or kind is list:
-            stack.extend(item)
-        elif kind is dict:
-            stack.extend(item.keys())
-            stack.extend(item.values())
-        elif kind is ndarray:
-            if item.dtype.hasobject:
-                return 0
-            if item.nbytes >= _OOB_MIN:
-                found = 2
-            numpy = _NUMPY_INSIDE
-        elif kind in _NUMPY_SCALARS:
-            numpy = _NUMPY_INSIDE
-        elif generic is not None and isinstance(item, generic) and kind.__module__ == "numpy":
-            numpy = _NUMPY_INSIDE
-            # A numpy scalar (there is no object scalar: numpy gives the object itself), but a
-            # structured one (np.void, np.record: a row) may hold objects in its fields: looked
-            # at each time, never remembered.
-            if item.dtype.kind == "V":  # np.void and np.record
+        for item in items:
+            kind = type(item)
+            if kind in _SCALARS:
+                continue
+            if kind is tuple or kind is list or kind is dict:
+                stack.append(item)
+            elif kind is bytes:
+                if len(item) >= _OOB_BYTES:
+                    big_bytes = True
+            elif kind is ndarray:
                 if item.dtype.hasobject:
                     return 0
+                if item.nbytes >= _OOB_MIN:
+                    found = 2
+                numpy = _NUMPY_INSIDE
+            elif kind in _NUMPY_SCALARS:
+                numpy = _NUMPY_INSIDE
+            elif generic is not None and isinstance(item, generic) and kind.__module__ == "numpy":
+                numpy = _NUMPY_INSIDE
+                # A numpy scalar (there is no object scalar: numpy gives the object itself), but a
+                # structured one (np.void, np.record: a row) may hold objects in its fields: looked
+                # at each time, never remembered.
+                if item.dtype.kind == "V":  # np.void and np.record
+                    if item.dtype.hasobject:
+                        return 0
+                else:
+                    _NUMPY_SCALARS.add(kind)
             else:
-                _NUMPY_SCALARS.add(kind)
-        else:
-            return 0
+                return 0
     return (3 if big_bytes else found) | numpy
 
 class _OutOfBand:
