@@ -275,6 +275,13 @@ class _Local:
     ((1, _Local()), 0),
     ((1, len), 0),
     ([[0] * 300], 0),  # past the walk's budget: cloudpickle takes it
+    (list(range(255)), 1),  # the budget: 256 objects, the list itself counted
+    (list(range(256)), 0),
+    ({i: i for i in range(127)}, 1),  # keys and values counted
+    ({i: i for i in range(128)}, 0),
+    (((None, 1.0, False, False, {}), True), 1),  # gymnasium's answer to a step
+    ((1, [2, (3, {"k": [np.float32(1), len]})]), 0),  # a function deep inside
+    ((1, [2, (3, {"k": [np.float32(1), b"z" * 70_000]})]), 3),
 ])
 def test_plain_data_is_recognised_and_nothing_else(value, plain):
     assert _plain_data(value) == plain
