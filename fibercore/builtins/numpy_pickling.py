@@ -28,11 +28,43 @@ _KINDS = frozenset("biufcmM")
 _ARRAY_KINDS = frozenset("biufc")
 
 
+#: Code strings received -> their dtypes (a dtype made from a string costs more than the
+#: small object it describes); at most _DTYPES_KEPT kept, the others made each time.
+_dtype_of: dict[str, Any] = {}
+_DTYPES_KEPT = 256
+
+
+def _dtype(code: str) -> Any:
+    """The dtype of ``code`` (kept in :data:`_dtype_of`)."""
+    dtype = _dtype_of.get(code)
+    if dtype is None:
+        import numpy as np
+
+        dtype = np.dtype(code)
+        if len(_dtype_of) < _DTYPES_KEPT:
+            _dtype_of[code] = dtype
+    return dtype
+
+
+def _numpy_scalar_maker() -> Any:
+    """numpy's own maker of a scalar from its dtype and bytes: what numpy's pickle of a scalar calls."""
+    try:
+        from numpy._core.multiarray import scalar
+    except ImportError:  # numpy 1.x
+        from numpy.core.multiarray import scalar  # type: ignore[no-redef]
+    return scalar
+
+
+_scalar_maker: Any = None
+
+
 def np_scalar(code: str, raw: bytes) -> Any:
     """The numpy scalar of dtype ``code`` held in ``raw`` (what :func:`_reduce_scalar` sends)."""
-    import numpy as np
-
-    return np.frombuffer(raw, dtype=code)[0]
+    global _scalar_maker
+    if _scalar_maker is None:
+        _scalar_maker = _numpy_scalar_maker()
+    dtype = _dtype_of.get(code)
+    return _scalar_maker(_dtype(code) if dtype is None else dtype, raw)
 
 
 def np_array(data: Any, code: str, shape: tuple[int, ...]) -> Any:
@@ -40,7 +72,9 @@ def np_array(data: Any, code: str, shape: tuple[int, ...]) -> Any:
     array sent was writable, bytes when it was read-only, as numpy's own pickle gives)."""
     import numpy as np
 
-    return np.frombuffer(data, dtype=code).reshape(shape)
+    dtype = _dtype_of.get(code)
+    # (an ndarray on the buffer, as frombuffer().reshape() gives, in one call)
+    return np.ndarray(shape, _dtype(code) if dtype is None else dtype, data)
 
 
 #: A dtype of a kind in _KINDS -> its code string, or None: numpy pickles it. Only those
