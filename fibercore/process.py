@@ -482,20 +482,49 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     os.kill(os.getpid(), signal.SIGTERM)
 
 
+#: The signal mask of each thread forking now, before SIGTERM was held for the fork.
+_mask_before_fork: dict[int, Any] = {}
+
+
+def _hold_sigterm_for_fork() -> None:
+    """Before a fork: SIGTERM waits (blocked in the forking thread, so in the child too) until
+    the child has dropped our handler. Caught by our handler in the child before CPython's
+    after-fork work, it would be lost: that work clears the handlers' pending flags (so a
+    signal is not handled twice), and the child, SIGTERM'd by ``Pool.terminate()`` before it
+    first ran on a busy machine, lives on and ``join()`` waits for it forever."""
+    if signal.getsignal(signal.SIGTERM) is _on_sigterm:
+        _mask_before_fork[threading.get_ident()] = signal.pthread_sigmask(
+            signal.SIG_BLOCK, {signal.SIGTERM})
+
+
+def _release_sigterm_in_parent() -> None:
+    mask = _mask_before_fork.pop(threading.get_ident(), None)
+    if mask is not None:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
 def _sigterm_default_in_child() -> None:
     """A forked child (a multiprocessing fork worker) has none of our jobs: SIGTERM ends it
     at once, as without fibercore. A Python-level handler would not be safe there: CPython
     runs it only between bytecodes, and a SIGTERM that lands just before a blocking wait
     (``Pool.terminate()`` signalling a worker on its way into ``SemLock.acquire``) is never
-    acted on, so the child, and the ``join()`` after it, hang."""
+    acted on, so the child, and the ``join()`` after it, hang. A SIGTERM that came since the
+    fork was held (:func:`_hold_sigterm_for_fork`): it ends the child when the mask is back."""
+    mask = _mask_before_fork.pop(threading.get_ident(), None)
+    _mask_before_fork.clear()
     if signal.getsignal(signal.SIGTERM) is _on_sigterm:
         try:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
         except ValueError:  # pragma: no cover - forked from a thread of a sub-interpreter
             pass
+    if mask is not None:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
-os.register_at_fork(after_in_child=_sigterm_default_in_child)
+# SIGTERM stays held in the child through the fork hooks run before this one (in the master,
+# fibercore.process registers first of fibercore's modules: only the stdlib's run earlier).
+os.register_at_fork(before=_hold_sigterm_for_fork, after_in_parent=_release_sigterm_in_parent,
+                    after_in_child=_sigterm_default_in_child)
 
 
 __all__ = [

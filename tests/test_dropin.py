@@ -659,3 +659,49 @@ def test_a_multiprocessing_fork_child_of_a_master_leaves_its_jobs_alone(tmp_path
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == ["terminated in under 10 s True", "our workers untouched True",
                                        "our pool serves True", "our job alive True"]
+
+
+def _glibc_register_atfork() -> bool:
+    import ctypes
+
+    return sys.platform.startswith("linux") and hasattr(ctypes.CDLL(None), "__register_atfork")
+
+
+@pytest.mark.skipif(not _glibc_register_atfork(), reason="needs Linux /proc and glibc's __register_atfork")
+def test_a_fork_child_of_a_master_dies_of_a_sigterm_sent_before_it_first_ran(tmp_path):
+    """``Pool.terminate()`` may SIGTERM a fork worker that has not run since the fork (a busy
+    machine). The signal then lands on the handler inherited from the master before CPython's
+    after-fork work, which drops it: the worker lived on and ``join()`` hung. A C fork handler
+    that waits for a signal puts the child at exactly that point, deterministically."""
+    out = run_script(tmp_path, """
+        import ctypes, os, signal, time
+        import fibercore as mp
+        from fibercore.testing.conformance import sleep_for
+
+        def state(pid):
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0]
+
+        if __name__ == "__main__":
+            job = mp.Process(target=sleep_for, args=(60,))
+            job.start()  # the master handles SIGTERM now (it stops its jobs)
+            signal.signal(signal.SIGUSR2, lambda *_: None)
+            libc = ctypes.CDLL(None)
+            # in the child, before the interpreter's own after-fork work: wait for a signal
+            assert libc.__register_atfork(None, None, ctypes.cast(libc.pause, ctypes.c_void_p), None) == 0
+            pid = os.fork()
+            if pid == 0:
+                os._exit(7)  # reached only if the SIGTERM was lost
+            while state(pid) != "S":  # the child is in pause()
+                time.sleep(0.001)
+            os.kill(pid, signal.SIGTERM)
+            os.kill(pid, signal.SIGUSR2)  # ends pause() should SIGTERM wait for the child's hooks
+            _, status = os.waitpid(pid, 0)
+            print("child ended by", signal.Signals(os.WTERMSIG(status)).name if os.WIFSIGNALED(status)
+                  else f"exit {os.WEXITSTATUS(status)}")
+            print("our job alive", job.is_alive())
+            job.kill()
+            job.join(10)
+    """, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["child ended by SIGTERM", "our job alive True"]
