@@ -5,7 +5,9 @@ from user input); what they need (argv, environment, secret, session) comes on s
 bytes, big-endian) + payload``: ``P`` the job's pid (its process group), ``O`` a chunk of the
 job's stdout, ``X`` its exit code (negative: killed by that signal). The job's stderr is the
 launcher's own (the ssh session's stderr). Lines on stdin afterwards are signals for the job's
-process group; end of stdin (the master or its connection is gone) kills the group.
+process group; end of stdin (the master or its connection is gone) kills the group. Once the
+job ended and its group is gone, a process of the launcher's own removes what the job left in
+the host's ``/dev/shm`` that no process uses (``fibercore.shm.sweep``).
 
 ``TOOL`` answers one request from the ``fiber`` command: ``info`` (CPUs, Python, fibercore),
 ``list`` and ``stop`` (this user's fiber jobs, found by ``FIBERCORE_SSH_JOB`` in their
@@ -15,7 +17,7 @@ environment, as fiber-local finds its own).
 from __future__ import annotations
 
 LAUNCHER = r'''
-import json, os, signal, struct, subprocess, sys, threading
+import json, os, signal, struct, subprocess, sys, threading, time
 out = sys.stdout.buffer
 lock = threading.Lock()
 def send(kind, data):
@@ -60,9 +62,43 @@ while True:
     if not chunk:
         break
     send(b"O", chunk)
+def group_alive(pgid):
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open("/proc/%s/stat" % pid, "rb") as fh:
+                    fields = fh.read().rsplit(b")", 1)[1].split()
+                if int(fields[2]) == pgid and fields[0] != b"Z":
+                    return True
+            except (OSError, ValueError, IndexError):
+                pass
+    return False
+def sweep_after(pgid):
+    # Once the job's group is gone, what it left in this host's /dev/shm that no process uses
+    # (a shared() object's copy, a parameter board: the resource tracker that would have removed
+    # them died with the group) goes, by fibercore's own sweep; in a process of its own, so the
+    # session (and the master's wait for the job's end) ends now.
+    try:
+        if os.fork():
+            return
+    except OSError:
+        return
+    try:
+        os.setsid()
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        deadline = time.monotonic() + 10
+        while group_alive(pgid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        from fibercore.shm import sweep
+        sweep()
+    finally:
+        os._exit(0)
 code = child.wait()
 signal_group(signal.SIGKILL)
 send(b"X", str(code).encode())
+sweep_after(child.pid)
 os._exit(0)  # not sys.exit: the control thread may be inside a read of stdin
 '''
 
