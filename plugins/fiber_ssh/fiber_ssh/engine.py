@@ -43,6 +43,10 @@ _numbers = itertools.count(1)  # job ids: SESSION.N
 
 log = logging.getLogger("fiber_ssh")
 LOG_KEEP = 64 * 1024
+#: Bytes of a session's last output kept to say why it failed (the host's "skipped" line).
+SAID_KEEP = 300
+#: Seconds a session's end waits for ssh's last words on stderr (they explain a failed session).
+STDERR_WAIT = 2.0
 LOST = -signal.SIGKILL
 _MUX_RACE = b"already exists, disabling multiplexing"
 #: ssh's own lines about its shared connection (one that died with a lost host), not the job's.
@@ -77,12 +81,19 @@ class SshJob:
         self.done = threading.Event()
         self.output: collections.deque[bytes] = collections.deque()
         self.output_size = 0
+        #: The current session's last words (its stdout and ssh's stderr): why it failed, in
+        #: the host's "skipped" line; never an earlier session's (another host's) words.
+        self.said = b""
+        self.stderr_reader: threading.Thread | None = None
         self.tried: set[str] = set()
         self.cancelled: str | None = None  # "term" or "kill" once terminate()/kill() asked
         self.note = ""
         self.engine: Any = None  # the Engine that placed it
 
-    def keep(self, chunk: bytes) -> None:
+    def keep(self, chunk: bytes, proc: Any = None) -> None:
+        """Keep ``chunk`` of the job's output (``proc``: the session it came from)."""
+        if proc is not None and proc is self.proc:
+            self.said = (self.said + chunk)[-SAID_KEEP:]
         self.output.append(chunk)
         self.output_size += len(chunk)
         while self.output_size > LOG_KEEP and len(self.output) > 1:
@@ -225,6 +236,7 @@ class Engine:
         job.host = host
         job.tried.add(host.name)
         job.note = ""
+        job.said = b""
         python = self.python_of(host, job.python)
         request = {**job.request, "argv": [python, *job.request["args"]]}
         argv = self.ssh_argv(host, f"exec {shlex.quote(python)} -c {shlex.quote(LAUNCHER)}")
@@ -236,9 +248,12 @@ class Engine:
             job.proc.stdin.flush()
         except OSError:
             pass  # the session already ended: the waiter says why
+        # The stderr reader first: the records' reader joins it when the session ends.
+        reader = threading.Thread(target=self._read_stderr, args=(job, job.proc), daemon=True)
+        reader.start()
+        job.stderr_reader = reader
         threading.Thread(target=self._read_records, args=(job, job.proc), daemon=True,
                          name=f"fiber-ssh-{job.jid}").start()
-        threading.Thread(target=self._read_stderr, args=(job, job.proc), daemon=True).start()
 
     # -- a session's streams -------------------------------------------------------------------
     def _read_records(self, job: SshJob, proc: subprocess.Popen[bytes]) -> None:
@@ -255,13 +270,16 @@ class Engine:
                 job.pid = int(data)
                 job.started.set()
             elif kind == b"O":
-                job.keep(data)
+                job.keep(data, proc)
                 if self.echo:
                     sys.stdout.write(data.decode("utf-8", "replace"))
                     sys.stdout.flush()
             elif kind == b"X":
                 exitcode = int(data)
         code = proc.wait()
+        reader = job.stderr_reader
+        if reader is not None and job.proc is proc:  # ssh's last words (why it failed) first
+            reader.join(STDERR_WAIT)
         self._ended(job, proc, exitcode, code)
 
     def _read_stderr(self, job: SshJob, proc: subprocess.Popen[bytes]) -> None:
@@ -270,7 +288,7 @@ class Engine:
         for line in iter(stream.readline, b""):
             if _MUX_RACE in line or line.startswith(_MUX_NOISE):
                 continue  # two first sessions raced to open the shared connection, or it was lost
-            job.keep(line)
+            job.keep(line, proc)
             if self.echo:
                 sys.stderr.write(line.decode("utf-8", "replace"))
                 sys.stderr.flush()
@@ -286,7 +304,7 @@ class Engine:
             elif job.cancelled:
                 job.exitcode = LOST if job.cancelled == "kill" else -signal.SIGTERM
             else:
-                tail = b"".join(job.output)[-300:].decode("utf-8", "replace").strip()
+                tail = job.said.decode("utf-8", "replace").strip()
                 self._mark_down(host, f"ssh exit {ssh_code}: {tail or 'connection lost'}")
                 if not job.started.is_set() and len(job.tried) < 2 * len(self.hosts):
                     job.host, job.proc = None, None

@@ -1,0 +1,38 @@
+"""Hosts that cannot run a job (nothing listens, the key is refused): each is skipped with its
+own ssh error, and the job runs on a host that works."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+
+import fibercore as fc
+from fibercore.testing.targets import sleep_for
+
+
+def test_each_failing_host_is_skipped_with_its_own_words(ssh_config: dict[str, Any],
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    """A job tried on two hosts nobody answers on (127.0.0.2 and .3: the test sshd listens on
+    127.0.0.1 only) before the one that works: each host's "skipped" line carries that host's
+    ssh error, not the one of the host tried before it (the job's output of earlier sessions)."""
+    config = dict(ssh_config, ssh_hosts="127.0.0.2:1,127.0.0.3:1,127.0.0.1:8", ssh_host_retry=60)
+    fc.init(backend="ssh", **config)
+    caplog.set_level(logging.WARNING, logger="fiber_ssh")
+    try:
+        jobs = [fc.Process(target=sleep_for, args=(0,)) for _ in range(3)]
+        for job in jobs:
+            job.start()
+        for job in jobs:
+            job.join(60)
+        assert [job.exitcode for job in jobs] == [0, 0, 0]
+    finally:
+        fc.init()
+    skipped = [r.getMessage() for r in caplog.records if "is skipped" in r.getMessage()]
+    for address in ("127.0.0.2", "127.0.0.3"):
+        lines = [line for line in skipped if line.startswith(f"fiber-ssh: host {address}")]
+        assert lines, skipped
+        for line in lines:
+            other = "127.0.0.3" if address == "127.0.0.2" else "127.0.0.2"
+            assert address in line.split(": ", 2)[2] and other not in line, line
