@@ -86,6 +86,7 @@ class SshJob:
         self.said = b""
         self.stderr_reader: threading.Thread | None = None
         self.tried: set[str] = set()
+        self.sessions = 0  # sessions started for it (a job that never ran is tried twice per host)
         self.cancelled: str | None = None  # "term" or "kill" once terminate()/kill() asked
         self.note = ""
         self.engine: Any = None  # the Engine that placed it
@@ -235,6 +236,7 @@ class Engine:
         host.jobs.add(job.jid)
         job.host = host
         job.tried.add(host.name)
+        job.sessions += 1
         job.note = ""
         job.said = b""
         python = self.python_of(host, job.python)
@@ -306,13 +308,20 @@ class Engine:
             else:
                 tail = job.said.decode("utf-8", "replace").strip()
                 self._mark_down(host, f"ssh exit {ssh_code}: {tail or 'connection lost'}")
-                if not job.started.is_set() and len(job.tried) < 2 * len(self.hosts):
+                if not job.started.is_set() and job.sessions < 2 * len(self.hosts):
                     job.host, job.proc = None, None
                     self.pending.appendleft(job)  # never ran: try another host
                     self._place()
                     return
                 job.exitcode = LOST
-                job.note = f"lost with host {host.name} (ssh exit {ssh_code})"
+                if job.started.is_set():
+                    job.note = f"lost with host {host.name} (ssh exit {ssh_code})"
+                else:  # every host refused it, twice: say why, and what to look at
+                    job.note = (f"fiber-ssh could not start it on any host ({job.sessions} ssh sessions failed; "
+                                f"the last, on {host.name}: ssh exit {ssh_code}: {tail or 'connection lost'}): "
+                                "check that `ssh -o BatchMode=yes HOST true` works with ssh_identity and "
+                                "ssh_options (key, known_hosts, port), and that each host's Python (python= in "
+                                "the hostfile, or ssh_python) exists there; `fiber doctor` checks both")
             job.done.set()
             self._place()
 

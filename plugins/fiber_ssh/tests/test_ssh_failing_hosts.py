@@ -36,3 +36,20 @@ def test_each_failing_host_is_skipped_with_its_own_words(ssh_config: dict[str, A
         for line in lines:
             other = "127.0.0.3" if address == "127.0.0.2" else "127.0.0.2"
             assert address in line.split(": ", 2)[2] and other not in line, line
+
+
+def test_a_job_no_host_can_start_fails_with_the_ssh_error_and_the_fix(ssh_config: dict[str, Any]) -> None:
+    """Every host refuses (nothing listens): after two sessions per host the start fails with
+    ssh's own words and what to check, instead of waiting out start_timeout (it did: the
+    count of tries was a set of host names, so the job was tried again and again)."""
+    fc.init(backend="ssh", **dict(ssh_config, ssh_hosts="127.0.0.2:1,127.0.0.3:1", ssh_host_retry=1))
+    try:
+        job = fc.Process(target=sleep_for, args=(0,))
+        with pytest.raises(fc.ProcessError) as failed:
+            job.start()
+    finally:
+        fc.init()
+    text = str(failed.value)
+    assert "before connecting" in text and "within" not in text.split("\n")[0], text
+    assert "could not start it on any host (4 ssh sessions failed" in text, text
+    assert "Connection refused" in text and "fiber doctor" in text, text
