@@ -145,11 +145,8 @@ def in_use_by_me() -> set[str]:
         try:
             if os.stat(f"/proc/{entry}").st_uid != me:
                 continue
-            with open(f"/proc/{entry}/maps", "rb") as fh:
-                for line in fh:
-                    at = line.find(prefix.encode())
-                    if at >= 0:
-                        used.add(line[at:].split(None, 1)[0].decode(errors="replace"))
+            # Descriptors before mappings: a process that maps a file then closes its
+            # descriptor (a reader taking a copy) is seen holding it by one look or the other.
             for fd in os.listdir(f"/proc/{entry}/fd"):
                 try:
                     target = os.readlink(f"/proc/{entry}/fd/{fd}")
@@ -157,6 +154,11 @@ def in_use_by_me() -> set[str]:
                     continue
                 if target.startswith(prefix):
                     used.add(target)
+            with open(f"/proc/{entry}/maps", "rb") as fh:
+                for line in fh:
+                    at = line.find(prefix.encode())
+                    if at >= 0:
+                        used.add(line[at:].split(None, 1)[0].decode(errors="replace"))
         except OSError:  # gone, or not ours to read
             continue
     return used

@@ -86,7 +86,9 @@ class SshJob:
         self.said = b""
         self.stderr_reader: threading.Thread | None = None
         self.tried: set[str] = set()
-        self.sessions = 0  # sessions started for it (a job that never ran is tried twice per host)
+        self.sessions = 0  # sessions started for it
+        #: Sessions that failed before it ran, by host: it gives up once every host failed it twice.
+        self.failed_on: dict[str, int] = {}
         self.cancelled: str | None = None  # "term" or "kill" once terminate()/kill() asked
         self.note = ""
         self.engine: Any = None  # the Engine that placed it
@@ -308,7 +310,9 @@ class Engine:
             else:
                 tail = job.said.decode("utf-8", "replace").strip()
                 self._mark_down(host, f"ssh exit {ssh_code}: {tail or 'connection lost'}")
-                if not job.started.is_set() and job.sessions < 2 * len(self.hosts):
+                if not job.started.is_set():
+                    job.failed_on[host.name] = job.failed_on.get(host.name, 0) + 1
+                if not job.started.is_set() and any(job.failed_on.get(h.name, 0) < 2 for h in self.hosts):
                     job.host, job.proc = None, None
                     self.pending.appendleft(job)  # never ran: try another host
                     self._place()

@@ -17,13 +17,17 @@ environment, as fiber-local finds its own).
 from __future__ import annotations
 
 LAUNCHER = r'''
-import json, os, signal, struct, subprocess, sys, threading, time
+import json, os, signal, struct, subprocess, sys, threading
 out = sys.stdout.buffer
 lock = threading.Lock()
 def send(kind, data):
     with lock:
-        out.write(kind + struct.pack(">I", len(data)) + data)
-        out.flush()
+        try:
+            out.write(kind + struct.pack(">I", len(data)) + data)
+            out.flush()
+        except OSError:  # the session is gone (the master, its connection): the job ends below
+            return False
+    return True
 spec = json.loads(sys.stdin.buffer.readline())
 env = dict(os.environ)
 env.update(spec["env"])
@@ -61,8 +65,17 @@ while True:
     chunk = child.stdout.read1(65536)
     if not chunk:
         break
-    send(b"O", chunk)
-def group_alive(pgid):
+    if not send(b"O", chunk):
+        signal_group(signal.SIGKILL)  # nobody to tell: the job goes, its output is read to the end
+# Once the job's group is gone, what it left in this host's /dev/shm that no process uses (a
+# shared() object's copy, a parameter board: the resource tracker that would have removed them
+# died with the group) goes, by fibercore's own sweep, in a process of its own (the session, and
+# the master's wait for the job's end, end now), started as the job was (its Python, directory
+# and environment, without the job's marks: it is no job).
+SWEEPER = """
+import os, sys, time
+pgid = int(sys.argv[1])
+def group_alive():
     for pid in os.listdir("/proc"):
         if pid.isdigit():
             try:
@@ -73,32 +86,21 @@ def group_alive(pgid):
             except (OSError, ValueError, IndexError):
                 pass
     return False
-def sweep_after(pgid):
-    # Once the job's group is gone, what it left in this host's /dev/shm that no process uses
-    # (a shared() object's copy, a parameter board: the resource tracker that would have removed
-    # them died with the group) goes, by fibercore's own sweep; in a process of its own, so the
-    # session (and the master's wait for the job's end) ends now.
-    try:
-        if os.fork():
-            return
-    except OSError:
-        return
-    try:
-        os.setsid()
-        null = os.open(os.devnull, os.O_RDWR)
-        for fd in (0, 1, 2):
-            os.dup2(null, fd)
-        deadline = time.monotonic() + 10
-        while group_alive(pgid) and time.monotonic() < deadline:
-            time.sleep(0.01)
-        from fibercore.shm import sweep
-        sweep()
-    finally:
-        os._exit(0)
+deadline = time.monotonic() + 10
+while group_alive() and time.monotonic() < deadline:
+    time.sleep(0.01)
+from fibercore.shm import sweep
+sweep()
+"""
 code = child.wait()
 signal_group(signal.SIGKILL)
 send(b"X", str(code).encode())
-sweep_after(child.pid)
+try:
+    quiet = {k: v for k, v in env.items() if not k.startswith("FIBERCORE_SSH_") and k != "FIBER_SECRET_FD"}
+    subprocess.Popen([spec["argv"][0], "-c", SWEEPER, str(child.pid)], env=quiet, cwd=cwd, start_new_session=True,
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+except OSError:
+    pass
 os._exit(0)  # not sys.exit: the control thread may be inside a read of stdin
 '''
 

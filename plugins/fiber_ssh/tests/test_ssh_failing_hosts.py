@@ -4,6 +4,8 @@ own ssh error, and the job runs on a host that works."""
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from typing import Any
 
 import pytest
@@ -53,3 +55,29 @@ def test_a_job_no_host_can_start_fails_with_the_ssh_error_and_the_fix(ssh_config
     assert "before connecting" in text and "within" not in text.split("\n")[0], text
     assert "could not start it on any host (4 ssh sessions failed" in text, text
     assert "Connection refused" in text and "fiber doctor" in text, text
+
+
+def test_a_job_waits_for_a_busy_host_while_the_others_refuse_it(ssh_config: dict[str, Any],
+                                                               caplog: pytest.LogCaptureFixture) -> None:
+    """One host refuses (nothing listens), the other is full: a job that never ran is not
+    given up after its sessions on the refusing host (the full one never failed it); it starts
+    when the full host's slot frees."""
+    fc.init(backend="ssh", **dict(ssh_config, ssh_hosts="127.0.0.2:1,127.0.0.1:1", ssh_host_retry=1))
+    caplog.set_level(logging.WARNING, logger="fiber_ssh")
+    try:
+        busy = fc.Process(target=sleep_for, args=(600,))
+        busy.start()  # on 127.0.0.1 (the other host refuses it)
+        waiting = fc.Process(target=sleep_for, args=(0,))
+        starter = threading.Thread(target=waiting.start)
+        starter.start()
+        deadline = time.monotonic() + 120
+        while sum("host 127.0.0.2 is skipped" in r.getMessage() for r in caplog.records) < 5:
+            assert time.monotonic() < deadline and starter.is_alive(), "the waiting job gave up"
+            time.sleep(0.05)
+        busy.kill()
+        busy.join(30)
+        starter.join(60)
+        waiting.join(60)
+        assert waiting.exitcode == 0
+    finally:
+        fc.init()

@@ -50,12 +50,13 @@ def _wait_until(predicate, seconds: float, what: str) -> None:
 
 
 @pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs Linux /dev/shm")
-@pytest.mark.parametrize("ending", ["15", "9", "eof"])
+@pytest.mark.parametrize("ending", ["15", "9", "eof", "gone"])
 def test_what_a_job_left_in_dev_shm_goes_when_it_ends_and_nothing_else(ending: str) -> None:
-    """A job ended by SIGTERM, SIGKILL or the end of its session (the master gone) leaves its
-    shared() copy behind, its resource tracker killed with its group: the launcher removes it
-    once the group is gone, after reporting the exit code (the session is not held for it).
-    A copy another process still maps stays."""
+    """A job ended by SIGTERM, SIGKILL, the end of its session's input (the master gone) or of
+    the whole session (sshd dropped it: nothing can be reported) leaves its shared() copy
+    behind, its resource tracker killed with its group: the launcher removes it once the group
+    is gone, after reporting the exit code where it can (the session is not held for it). A copy
+    another process still maps stays."""
     tag = os.urandom(8).hex()
     left, kept = f"fcs-copy-{tag}", f"fcs-copy-{tag}-kept"
     kept_path = Path("/dev/shm", kept)
@@ -71,20 +72,26 @@ def test_what_a_job_left_in_dev_shm_goes_when_it_ends_and_nothing_else(ending: s
         launcher.stdin.write(json.dumps(spec).encode() + b"\n")
         launcher.stdin.flush()
         records = _records(launcher.stdout)
-        assert next(records)[0] == b"P"
+        kind, pid = next(records)
+        assert kind == b"P"
         said = b""
         while said != b"ready\n":  # the job's output, in as many records as its reads gave
             kind, data = next(records)
             assert kind == b"O" and b"ready\n".startswith(said + data), (kind, said + data)
             said += data
         assert Path("/dev/shm", left).exists()
-        if ending == "eof":
+        if ending == "gone":  # both streams closed: the launcher can tell nobody
+            launcher.stdout.close()
+            launcher.stdin.close()
+        elif ending == "eof":
             launcher.stdin.close()
         else:
             launcher.stdin.write(ending.encode() + b"\n")
             launcher.stdin.flush()
-        assert [kind for kind, _ in records] == [b"X"]  # the exit code, then the end of the session
+        if ending != "gone":
+            assert [kind for kind, _ in records] == [b"X"]  # the exit code, then the end of the session
         assert launcher.wait(30) == 0
+        _wait_until(lambda: not Path("/proc", pid.decode()).exists(), 60, "the job outlived its session")
         _wait_until(lambda: not Path("/dev/shm", left).exists(), 60, f"/dev/shm/{left} was left behind")
         assert kept_path.exists()  # still mapped by this process: not touched
     finally:
