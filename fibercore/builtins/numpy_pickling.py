@@ -35,14 +35,12 @@ _DTYPES_KEPT = 256
 
 
 def _dtype(code: str) -> Any:
-    """The dtype of ``code`` (kept in :data:`_dtype_of`)."""
-    dtype = _dtype_of.get(code)
-    if dtype is None:
-        import numpy as np
+    """The dtype of ``code``, not in :data:`_dtype_of` yet: made, and kept there."""
+    import numpy as np
 
-        dtype = np.dtype(code)
-        if len(_dtype_of) < _DTYPES_KEPT:
-            _dtype_of[code] = dtype
+    dtype = np.dtype(code)
+    if len(_dtype_of) < _DTYPES_KEPT:
+        _dtype_of[code] = dtype
     return dtype
 
 
