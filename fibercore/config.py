@@ -262,7 +262,7 @@ def closest_key(key: str, options: Iterable[str]) -> str | None:
 
 def unknown_key_message(key: str, options: Mapping[str, Option], where: str = "") -> str:
     """One line: the closest key, the backend that declares it, or the valid keys."""
-    from fibercore.plugins import KNOWN_DISTRIBUTIONS, install_hint
+    from fibercore.plugins import KNOWN_DISTRIBUTIONS, install_hint, installed_backends
 
     src = f" in {where}" if where else ""
     text = f"unknown fibercore config key {key!r}{src}"
@@ -270,7 +270,10 @@ def unknown_key_message(key: str, options: Mapping[str, Option], where: str = ""
     if close is not None:
         return f"{text}: did you mean {close!r}?"
     for backend, dist in KNOWN_DISTRIBUTIONS.items():  # a backend's keys start with its name
-        if key.startswith(f"{backend}_"):
+        if key.startswith(f"{backend}_") and not any(k.startswith(f"{backend}_") for k in options):
+            if backend in installed_backends():
+                return (f"{text}: the {dist} backend has no such key (`FIBER_BACKEND={backend} fiber config "
+                        "--all` lists its keys)")
             return f"{text}: `{key}` is a key of the {dist} backend, which is not installed: {install_hint(dist)}."
     return f"{text}. Valid keys: {', '.join(sorted(options))}."
 
@@ -388,10 +391,38 @@ _warned_variables: set[str] = set()
 
 def _warn_unknown_variable(name: str, options: Mapping[str, Option]) -> None:
     """Once per process, and only in a master: its jobs inherit the same environment."""
+    _warn_once(name, unknown_variable_message(name, options))
+
+
+def _warn_once(name: str, line: str) -> None:
     if name in _warned_variables or os.environ.get("FIBER_MASTER_ADDR"):
         return
     _warned_variables.add(name)
-    print(unknown_variable_message(name, options), file=sys.stderr)
+    print(line, file=sys.stderr)
+
+
+#: Which backend other than the selected one declares a key: (its name, installed here?).
+KeyOwner = Callable[[str], "tuple[str, bool] | None"]
+
+
+def known_backend_owner(key: str) -> tuple[str, bool] | None:
+    """The project's backend whose keys start like ``key`` (``ssh_hosts``: ssh), as not
+    installed: what :func:`build_config` assumes when it is not told what is installed."""
+    from fibercore.plugins import KNOWN_DISTRIBUTIONS
+
+    for backend in KNOWN_DISTRIBUTIONS:
+        if key.startswith(f"{backend}_"):
+            return backend, False
+    return None
+
+
+def other_backend_key_message(key: str, where: str, owner: str) -> str:
+    """One line: a key of a backend that is not installed here is ignored, and how to install it."""
+    from fibercore.plugins import KNOWN_DISTRIBUTIONS, install_hint
+
+    dist = KNOWN_DISTRIBUTIONS.get(owner, f"fiber-{owner}")
+    return (f"fibercore: ignoring {key!r} ({where}): a key of the {dist} backend, which is not installed; "
+            f"it applies with backend={owner} after {install_hint(dist)}")
 
 
 def build_config(
@@ -401,8 +432,12 @@ def build_config(
     env_values: Mapping[str, str],
     init_values: Mapping[str, Any],
     backend_defaults: Mapping[str, Any] | None = None,
+    owner_of: KeyOwner = known_backend_owner,
 ) -> Config:
-    """Merge the sources over the defaults, converting and validating every value."""
+    """Merge the sources over the defaults, converting and validating every value. A key of
+    another backend (``owner_of``) is ignored: one config file serves every backend, and
+    ``FIBER_BACKEND=local`` must run a program whose file also says ``ssh_hosts``; a key of
+    a backend that is not installed gets one line saying so."""
     table: dict[str, Option] = {}
     for opt in options:
         if opt.name in table and table[opt.name].plugin != opt.plugin:
@@ -431,6 +466,11 @@ def build_config(
                 continue
             opt = table.get(key)
             if opt is None:
+                owner = owner_of(key)
+                if owner is not None and not any(k.startswith(f"{owner[0]}_") for k in table):
+                    if not owner[1]:
+                        _warn_once(f"key:{key}", other_backend_key_message(key, origin_of(key), owner[0]))
+                    continue
                 if strict:
                     raise ConfigError(unknown_key_message(key, table, origin_of(key)))
                 _warn_unknown_variable(f"FIBER_{key.upper()}", table)

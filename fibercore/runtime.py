@@ -10,6 +10,7 @@ backend delivered (``FIBER_SESSION``; the secret from an inherited descriptor
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import os
 import secrets
@@ -290,7 +291,8 @@ def build(init_values: dict[str, Any] | None = None) -> Runtime:
     plugins = Plugins.load(str(backend).strip(), _extra_plugins)
     options = list(_config.CORE_OPTIONS) + plugins.config_options()
     cfg = _config.build_config(options, file_values, file_name, env_values, init_values,
-                               backend_defaults=plugins.config_defaults())
+                               backend_defaults=plugins.config_defaults(),
+                               owner_of=lambda key: other_backend_owner(key, plugins.backend))
     cfg.select_backend(plugins.backend)
     _setup_logging(cfg)
     # A multiprocessing child of a job inherits the job's FIBER_SESSION but not its secret
@@ -346,6 +348,35 @@ def get_runtime() -> Runtime:
                 _runtime = build()
             rt = _runtime
     return rt
+
+
+def other_backend_owner(key: str, selected: str) -> tuple[str, bool] | None:
+    """The installed backend other than ``selected`` that declares ``key`` (name, True); a
+    project backend that is not installed whose keys start like it (name, False); else None.
+    Asked only for a key the running configuration does not know (rare: imports plugins)."""
+    from fibercore.plugins import BACKENDS_GROUP, installed
+
+    infos = installed(BACKENDS_GROUP)
+    mine = {info.value.strip() for info in infos if info.name == selected}
+    for info in infos:
+        if info.value.strip() not in mine and key in _declared_keys(info.value.strip()):
+            return info.name, True
+    owner = _config.known_backend_owner(key)
+    if owner is not None and owner[0] in {info.name for info in infos}:
+        return None  # installed, and that backend has no such key: a misspelling
+    return owner
+
+
+@functools.cache
+def _declared_keys(value: str) -> frozenset[str]:
+    """The config keys the backend plugin at entry point ``value`` declares (none if it fails)."""
+    from fibercore.plugins import load_value
+
+    try:
+        plugin = load_value(value)
+        return frozenset(opt.name for opt in plugin.fiber_config_options() or ())
+    except Exception:  # a broken plugin declares nothing; loading it as the backend says why
+        return frozenset()
 
 
 def _plugin_options() -> list[Option]:
