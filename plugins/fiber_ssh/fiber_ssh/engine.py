@@ -22,6 +22,7 @@ import os
 import shlex
 import shutil
 import signal
+import stat
 import struct
 import subprocess
 import sys
@@ -48,9 +49,52 @@ SAID_KEEP = 300
 #: Seconds a session's end waits for ssh's last words on stderr (they explain a failed session).
 STDERR_WAIT = 2.0
 LOST = -signal.SIGKILL
+#: Seconds after which a kill the host has not carried out marks it suspect for new jobs, and
+#: after which the session is ended and the host skipped like a lost one.
+KILL_ANSWER = 1.0
+KILL_WAIT = 5.0
 _MUX_RACE = b"already exists, disabling multiplexing"
 #: ssh's own lines about its shared connection (one that died with a lost host), not the job's.
 _MUX_NOISE = b"mux_client_"
+
+
+#: This master's directory of ssh control sockets: ``<tmp>/fssh-<pid>-<random>``, 0700.
+CONTROL_PREFIX = "fssh-"
+
+
+def sweep_control_dirs(tmp: str | None = None) -> list[str]:
+    """Remove this user's control-socket directories whose master process is gone (one
+    killed by a signal never ran its close); another user's, or a live master's, stay.
+    The directories it removed."""
+    tmp = tmp or tempfile.gettempdir()
+    removed: list[str] = []
+    try:
+        names = os.listdir(tmp)
+    except OSError:
+        return removed
+    for name in names:
+        pid_text = name[len(CONTROL_PREFIX):].partition("-")[0]
+        if not (name.startswith(CONTROL_PREFIX) and pid_text.isdigit()):
+            continue
+        path = os.path.join(tmp, name)
+        try:
+            info = os.lstat(path)
+            if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
+                continue  # not ours (or not a directory): never touched
+            os.kill(int(pid_text), 0)
+            continue  # its master runs (or the pid was reused: left for a later sweep)
+        except ProcessLookupError:
+            pass
+        except OSError:
+            continue  # PermissionError: a live process of another user has that pid
+        try:
+            for entry in os.listdir(path):  # sockets a killed ssh left; the directory is 0700
+                os.unlink(os.path.join(path, entry))
+            os.rmdir(path)
+            removed.append(path)
+        except OSError:
+            pass
+    return removed
 
 
 def alive_probes(interval: float | None, timeout: float | None) -> tuple[int, int]:
@@ -61,7 +105,29 @@ def alive_probes(interval: float | None, timeout: float | None) -> tuple[int, in
 
 
 class SshError(ProcessError):
-    """An ssh session failed; the message has ssh's own words."""
+    """An ssh session failed; the message has ssh's own words, ``fix`` what to check."""
+
+    def __init__(self, message: str, fix: str = "", code: int | None = None) -> None:
+        super().__init__(message)
+        self.fix = fix
+        self.code = code  # the session's exit status, if it ended
+
+
+def what_to_check(code: int | None, said: str, python: str) -> str:
+    """What to look at when a session on a host ended with exit ``code`` before its program
+    ran: ssh's 255 is the connection or the key; the shell's 127/126 is the host's Python."""
+    if code in (126, 127):
+        return (f"the host has no Python at {python}: install Python 3 with fibercore there, or set "
+                "python= for the host in ssh_hostfile (or ssh_python)")
+    if "No module named" in said:
+        return ("install fibercore (and the program's own dependencies) in the host's Python, or point "
+                "python= in ssh_hostfile (or ssh_python) at an environment that has them")
+    if code == 255:
+        return ("check that `ssh -o BatchMode=yes HOST true` works with ssh_identity and ssh_options "
+                "(key, known_hosts, port)")
+    return ("check that `ssh -o BatchMode=yes HOST true` works with ssh_identity and ssh_options (key, "
+            "known_hosts, port), and that each host's Python (python= in the hostfile, or ssh_python) exists "
+            "there with fibercore")
 
 
 class SshJob:
@@ -90,6 +156,7 @@ class SshJob:
         #: Sessions that failed before it ran, by host: it gives up once every host failed it twice.
         self.failed_on: dict[str, int] = {}
         self.cancelled: str | None = None  # "term" or "kill" once terminate()/kill() asked
+        self.kill_sent: float | None = None  # when kill() was first asked (monotonic)
         self.note = ""
         self.engine: Any = None  # the Engine that placed it
 
@@ -113,7 +180,10 @@ class Engine:
         self.pending: collections.deque[SshJob] = collections.deque()
         self.jobs: dict[str, SshJob] = {}
         self.echo = bool(cfg.get("ssh_echo_output", True))
-        self.control_dir = tempfile.mkdtemp(prefix="fssh-") if cfg.get("ssh_multiplex", True) else None
+        self.control_dir = None
+        if cfg.get("ssh_multiplex", True):
+            sweep_control_dirs()
+            self.control_dir = tempfile.mkdtemp(prefix=f"{CONTROL_PREFIX}{os.getpid()}-")
         self.closing = False
         self.retry_timer: threading.Timer | None = None
         if shutil.which("ssh") is None:
@@ -156,7 +226,9 @@ class Engine:
         except subprocess.TimeoutExpired:
             raise SshError(f"{host.name}: no answer within {timeout:.0f} s") from None
         if done.returncode != 0:
-            raise SshError(f"{host.name}: ssh failed (exit {done.returncode}): {done.stderr.strip()[-500:]}")
+            said = done.stderr.strip()[-500:]
+            raise SshError(f"{host.name}: ssh failed (exit {done.returncode}): {said}",
+                           what_to_check(done.returncode, said, python), done.returncode)
         return json.loads(done.stdout)
 
     def _probe_slots(self) -> None:
@@ -197,6 +269,9 @@ class Engine:
     def _choose(self, job: SshJob) -> Host | None:
         now = time.monotonic()
         usable = [h for h in self.hosts if h.down_until <= now and (h.slots or 1) - h.used >= job.slots]
+        # A host that has not answered a kill for a second is likely cut off (the core declared
+        # a job of it lost before ssh's probes gave up): a new job goes elsewhere if it can.
+        usable = [h for h in usable if not self._unanswered(h, now)] or usable
         fresh = [h for h in usable if h.name not in job.tried] or usable
         # The least loaded host (by the share of its slots in use), then the one with most room.
         return max(fresh, key=lambda h: (1 - h.used / (h.slots or 1), (h.slots or 1) - h.used), default=None)
@@ -227,6 +302,14 @@ class Engine:
         with self.lock:
             self.retry_timer = None
             self._place()
+
+    def _unanswered(self, host: Host, now: float) -> bool:
+        """A kill sent to a job of ``host`` more than KILL_ANSWER seconds ago is unanswered."""
+        for jid in host.jobs:
+            job = self.jobs.get(jid)
+            if job is not None and job.kill_sent is not None and now - job.kill_sent > KILL_ANSWER:
+                return True
+        return False
 
     def describe(self, host: Host) -> str:
         if host.down_until > time.monotonic():
@@ -321,11 +404,10 @@ class Engine:
                 if job.started.is_set():
                     job.note = f"lost with host {host.name} (ssh exit {ssh_code})"
                 else:  # every host refused it, twice: say why, and what to look at
+                    fix = what_to_check(ssh_code, tail, self.python_of(host, job.python))
                     job.note = (f"fiber-ssh could not start it on any host ({job.sessions} ssh sessions failed; "
                                 f"the last, on {host.name}: ssh exit {ssh_code}: {tail or 'connection lost'}): "
-                                "check that `ssh -o BatchMode=yes HOST true` works with ssh_identity and "
-                                "ssh_options (key, known_hosts, port), and that each host's Python (python= in "
-                                "the hostfile, or ssh_python) exists there; `fiber doctor` checks both")
+                                f"{fix}; `fiber doctor` checks every host")
             job.done.set()
             self._place()
 
@@ -369,6 +451,8 @@ class Engine:
                 job.done.set()
                 return
             job.cancelled = "kill" if force else (job.cancelled or "term")
+            if force and job.kill_sent is None:
+                job.kill_sent = time.monotonic()
             proc = job.proc
         if proc is None or proc.stdin is None:
             return
@@ -378,9 +462,19 @@ class Engine:
         except (OSError, ValueError):
             pass
         if force:  # a host that does not answer: end the session, which ends the job
-            timer = threading.Timer(5.0, lambda: None if job.done.is_set() else proc.kill())
+            timer = threading.Timer(KILL_WAIT, self._kill_unanswered, args=(job, proc))
             timer.daemon = True
             timer.start()
+
+    def _kill_unanswered(self, job: SshJob, proc: subprocess.Popen[bytes]) -> None:
+        """The host did not end the job within KILL_WAIT of a kill: it is skipped like a host
+        whose connection was lost (ssh_host_retry), and the session ends."""
+        with self.lock:
+            if job.done.is_set():
+                return
+            if job.host is not None and job.proc is proc:
+                self._mark_down(job.host, f"it did not answer a kill within {KILL_WAIT:.0f} s")
+        proc.kill()
 
     def logs(self, job: SshJob) -> str:
         text = b"".join(job.output).decode("utf-8", "replace")
@@ -473,8 +567,13 @@ class Engine:
             try:
                 info = self.tool(host, {"kind": "info"}, timeout=10)
             except SshError as exc:
-                checks.append(Check(NAME, f"{host.name} reachable with keys (BatchMode)", False, str(exc),
-                                    "check ssh -o BatchMode=yes HOST true works (key, known_hosts, port)"))
+                if exc.code in (None, 255):  # ssh itself: the connection or the key
+                    checks.append(Check(NAME, f"{host.name} reachable with keys (BatchMode)", False, str(exc),
+                                        exc.fix or "check ssh -o BatchMode=yes HOST true works (key, known_hosts, "
+                                        "port)"))
+                else:  # ssh got in; the host's Python did not answer
+                    checks.append(Check(NAME, f"{host.name} reachable with keys (BatchMode)", True, ""))
+                    checks.append(Check(NAME, f"{host.name} runs Python with fibercore", False, str(exc), exc.fix))
                 continue
             checks.append(Check(NAME, f"{host.name} runs Python with fibercore", bool(info.get("fibercore")),
                                 f"Python {info.get('python')}, fibercore {info.get('fibercore')}, "
