@@ -12,6 +12,11 @@ A page asks for generated content with an HTML comment marker (left as is on Git
 
 So an option, hook or command added to the code is on the site at the next build, and
 ``tests/test_docs.py`` fails when one has no documentation at all.
+
+The option tables and the hook reference are also written into the Markdown files, between
+the marker and ``<!-- /fiber:options -->`` (``/fiber:hooks``), so a reader of the repository
+sees them too: ``python docs/mkdocs_hooks.py --write`` refreshes them, ``--check`` (and
+``tests/test_docs.py``) fails when one is stale. The site always shows the code's own.
 """
 
 from __future__ import annotations
@@ -24,7 +29,10 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-MARKER = re.compile(r"<!-- fiber:(options|hooks|cli|include)\s*([^>]*?)\s*-->")
+MARKER = re.compile(r"<!-- fiber:(?P<kind>options|hooks|cli|include)\s*([^>]*?)\s*-->"
+                    r"(?:\n(?P<old>(?:(?!<!-- fiber:).)*?)<!-- /fiber:(?P=kind) -->)?", re.S)
+#: The kinds written into the Markdown too (the others are long or vary with the terminal).
+WRITTEN = ("options", "hooks")
 
 
 def all_options() -> list[Any]:
@@ -147,6 +155,43 @@ def expand(markdown: str) -> str:
     return MARKER.sub(replace, markdown)
 
 
+def written(markdown: str) -> str:
+    """``markdown`` with each options table and the hook reference refreshed below its marker
+    (a table of a backend that is not installed here is kept as it is)."""
+    def refresh(match: re.Match[str]) -> str:
+        kind, arg = match.group(1), match.group(2)
+        if kind not in WRITTEN:
+            return match.group(0)
+        if kind == "options" and arg != "fibercore" and not _installed(arg):
+            return match.group(0)
+        body = options_table(arg) if kind == "options" else hooks_reference()
+        opening = f"<!-- fiber:{kind} {arg} -->" if arg else f"<!-- fiber:{kind} -->"
+        return f"{opening}\n{body.rstrip()}\n<!-- /fiber:{kind} -->"
+
+    return MARKER.sub(refresh, markdown)
+
+
+def stale_pages() -> list[Path]:
+    """The pages whose written tables differ from the code's."""
+    return [page for page in sorted((ROOT / "docs").rglob("*.md")) if written(page.read_text()) != page.read_text()]
+
+
+def main(argv: list[str]) -> int:
+    """``--write``: refresh the written tables; ``--check``: exit 1 naming the stale pages."""
+    if argv[1:] == ["--write"]:
+        for page in stale_pages():
+            page.write_text(written(page.read_text()))
+            print(f"wrote {page.relative_to(ROOT)}")
+        return 0
+    if argv[1:] == ["--check"]:
+        stale = stale_pages()
+        for page in stale:
+            print(f"{page.relative_to(ROOT)}: its generated tables are stale: python docs/mkdocs_hooks.py --write")
+        return 1 if stale else 0
+    print("usage: python docs/mkdocs_hooks.py --write | --check")
+    return 2
+
+
 def on_page_markdown(markdown: str, **kwargs: Any) -> str:
     return expand(markdown)
 
@@ -168,3 +213,9 @@ def plain_roles(html: str) -> str:
 
 def on_page_content(html: str, **kwargs: Any) -> str:
     return plain_roles(html)
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main(sys.argv))

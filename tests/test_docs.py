@@ -49,6 +49,15 @@ def test_every_option_has_help_and_its_plugins_page_shows_its_table():
             assert f"| `{option.name}` |" in table
 
 
+def test_the_tables_written_into_the_markdown_are_the_codes():
+    """A reader of the repository (not the site) sees each backend's keys and every hook: the
+    tables below their markers are what the code declares now."""
+    stale = [str(page.relative_to(ROOT)) for page in mkdocs_hooks.stale_pages()]
+    assert not stale, f"{stale}: run python docs/mkdocs_hooks.py --write"
+    text = (DOCS / "backends" / "ssh.md").read_text()
+    assert "| `ssh_hosts` | str |" in text and "<!-- /fiber:options -->" in text
+
+
 def test_every_command_is_documented_and_registered():
     parser = build_parser()
     registered = set(next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction").choices)
