@@ -22,6 +22,7 @@ import os
 import sys
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -260,21 +261,31 @@ def closest_key(key: str, options: Iterable[str]) -> str | None:
     return found[0] if found else None
 
 
-def unknown_key_message(key: str, options: Mapping[str, Option], where: str = "") -> str:
-    """One line: the closest key, the backend that declares it, or the valid keys."""
-    from fibercore.plugins import KNOWN_DISTRIBUTIONS, install_hint, installed_backends
+def unknown_key_message(key: str, options: Mapping[str, Option], where: str = "",
+                        owner: tuple[str, bool] | None = None) -> str:
+    """One line: the closest key, the other backend that declares it (``owner``, else asked
+    of :data:`key_owner`), or the valid keys."""
+    from fibercore.plugins import KNOWN_DISTRIBUTIONS, install_hint
 
     src = f" in {where}" if where else ""
     text = f"unknown fibercore config key {key!r}{src}"
     close = closest_key(key, options)
     if close is not None:
         return f"{text}: did you mean {close!r}?"
-    for backend, dist in KNOWN_DISTRIBUTIONS.items():  # a backend's keys start with its name
-        if key.startswith(f"{backend}_") and not any(k.startswith(f"{backend}_") for k in options):
-            if backend in installed_backends():
-                return (f"{text}: the {dist} backend has no such key (`FIBER_BACKEND={backend} fiber config "
-                        "--all` lists its keys)")
+    if owner is None:
+        owner = key_owner(key)
+    if owner is not None:
+        name, installed = owner
+        dist = KNOWN_DISTRIBUTIONS.get(name, f"fiber-{name}")
+        if not installed:
             return f"{text}: `{key}` is a key of the {dist} backend, which is not installed: {install_hint(dist)}."
+        return (f"{text}: `{key}` is a key of the {name} backend ({dist}), which is not the selected one: choose "
+                f"it (backend = {name} in the file, FIBER_BACKEND={name} or init(backend={name!r})); "
+                f"`FIBER_BACKEND={name} fiber config {key}` shows its value")
+    prefix = key.partition("_")[0]
+    if prefix in BACKEND_KEY_PREFIXES and not any(k.startswith(f"{prefix}_") for k in options):
+        return (f"{text}: the {KNOWN_DISTRIBUTIONS[prefix]} backend has no such key (`FIBER_BACKEND={prefix} fiber "
+                "config --all` lists its keys)")
     return f"{text}. Valid keys: {', '.join(sorted(options))}."
 
 
@@ -404,25 +415,44 @@ def _warn_once(name: str, line: str) -> None:
 #: Which backend other than the selected one declares a key: (its name, installed here?).
 KeyOwner = Callable[[str], "tuple[str, bool] | None"]
 
+#: The project's backends by the first word of their keys (``ssh_hosts``, ``k8s_namespace``).
+BACKEND_KEY_PREFIXES = ("local", "docker", "k8s", "aws", "slurm", "ssh")
+
 
 def known_backend_owner(key: str) -> tuple[str, bool] | None:
     """The project's backend whose keys start like ``key`` (``ssh_hosts``: ssh), as not
-    installed: what :func:`build_config` assumes when it is not told what is installed."""
-    from fibercore.plugins import KNOWN_DISTRIBUTIONS
-
-    for backend in KNOWN_DISTRIBUTIONS:
-        if key.startswith(f"{backend}_"):
-            return backend, False
-    return None
+    installed: what is assumed when nothing says what is installed."""
+    prefix = key.partition("_")[0]
+    return (prefix, False) if prefix in BACKEND_KEY_PREFIXES and prefix != key else None
 
 
-def other_backend_key_message(key: str, where: str, owner: str) -> str:
-    """One line: a key of a backend that is not installed here is ignored, and how to install it."""
+#: The owner of a key the running configuration does not know (set by fibercore.runtime,
+#: which can look at the installed backends; this module never imports it).
+key_owner: KeyOwner = known_backend_owner
+
+
+@dataclass(frozen=True)
+class OtherBackends:
+    """What :func:`build_config` knows of the backends beside the selected one."""
+
+    selected: str = ""
+    #: The backend was chosen (init, FIBER_BACKEND, the file), not fallen back to.
+    chosen: bool = True
+    owner_of: KeyOwner = known_backend_owner
+
+
+def other_backend_key_message(key: str, where: str, owner: tuple[str, bool], others: OtherBackends) -> str:
+    """One line: a key of another backend is ignored, and what would make it count."""
     from fibercore.plugins import KNOWN_DISTRIBUTIONS, install_hint
 
-    dist = KNOWN_DISTRIBUTIONS.get(owner, f"fiber-{owner}")
-    return (f"fibercore: ignoring {key!r} ({where}): a key of the {dist} backend, which is not installed; "
-            f"it applies with backend={owner} after {install_hint(dist)}")
+    name, installed = owner
+    dist = KNOWN_DISTRIBUTIONS.get(name, f"fiber-{name}")
+    if not installed:
+        return (f"fibercore: ignoring {key!r} ({where}): a key of the {dist} backend, which is not installed "
+                f"({install_hint(dist)})")
+    return (f"fibercore: ignoring {key!r} ({where}): a key of the {name} backend, but no backend was chosen and "
+            f"this program runs on {others.selected or 'another'}: set backend = {name} (or FIBER_BACKEND={name}) "
+            "to use it")
 
 
 def build_config(
@@ -432,12 +462,15 @@ def build_config(
     env_values: Mapping[str, str],
     init_values: Mapping[str, Any],
     backend_defaults: Mapping[str, Any] | None = None,
-    owner_of: KeyOwner = known_backend_owner,
+    others: OtherBackends | None = None,
 ) -> Config:
     """Merge the sources over the defaults, converting and validating every value. A key of
-    another backend (``owner_of``) is ignored: one config file serves every backend, and
-    ``FIBER_BACKEND=local`` must run a program whose file also says ``ssh_hosts``; a key of
-    a backend that is not installed gets one line saying so."""
+    another backend in the file or a variable is ignored: one config file serves every
+    backend, and ``FIBER_BACKEND=local`` must run a program whose file also says
+    ``ssh_hosts``. It is ignored silently when a backend was chosen; otherwise (the program
+    may have been meant for that backend), and for a backend that is not installed, with one
+    line. ``init()`` is code: a key of another backend there is an error."""
+    others = others or OtherBackends()
     table: dict[str, Option] = {}
     for opt in options:
         if opt.name in table and table[opt.name].plugin != opt.plugin:
@@ -466,13 +499,15 @@ def build_config(
                 continue
             opt = table.get(key)
             if opt is None:
-                owner = owner_of(key)
-                if owner is not None and not any(k.startswith(f"{owner[0]}_") for k in table):
-                    if not owner[1]:
-                        _warn_once(f"key:{key}", other_backend_key_message(key, origin_of(key), owner[0]))
+                owner = others.owner_of(key)
+                if owner is not None and any(k.startswith(f"{owner[0]}_") for k in table):
+                    owner = None  # the selected backend's prefix: a misspelling
+                if owner is not None and source is not init_values:
+                    if not (owner[1] and others.chosen):
+                        _warn_once(f"key:{key}", other_backend_key_message(key, origin_of(key), owner, others))
                     continue
                 if strict:
-                    raise ConfigError(unknown_key_message(key, table, origin_of(key)))
+                    raise ConfigError(unknown_key_message(key, table, origin_of(key), owner))
                 _warn_unknown_variable(f"FIBER_{key.upper()}", table)
                 continue
             try:

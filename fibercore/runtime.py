@@ -278,11 +278,14 @@ def build(init_values: dict[str, Any] | None = None) -> Runtime:
     init_values = dict(init_values or {})
     file_values, file_name = _config.read_file_values()
     env_values = _config.read_env_values(os.environ)
-    backend = (
+    chosen = (
         init_values.get("backend")
         or os.environ.get("FIBER_BACKEND")
         or file_values.get("backend")
         or (None if truthy_env("FIBER_DISABLE_PLUGIN_AUTOLOAD") else detect_backend())
+    )
+    backend = (
+        chosen
         or init_values.get("default_backend")
         or env_values.get("default_backend")
         or file_values.get("default_backend")
@@ -292,7 +295,8 @@ def build(init_values: dict[str, Any] | None = None) -> Runtime:
     options = list(_config.CORE_OPTIONS) + plugins.config_options()
     cfg = _config.build_config(options, file_values, file_name, env_values, init_values,
                                backend_defaults=plugins.config_defaults(),
-                               owner_of=lambda key: other_backend_owner(key, plugins.backend))
+                               others=_config.OtherBackends(plugins.backend, bool(chosen),
+                                                            lambda key: other_backend_owner(key, plugins.backend)))
     cfg.select_backend(plugins.backend)
     _setup_logging(cfg)
     # A multiprocessing child of a job inherits the job's FIBER_SESSION but not its secret
@@ -350,6 +354,7 @@ def get_runtime() -> Runtime:
     return rt
 
 
+@functools.cache
 def other_backend_owner(key: str, selected: str) -> tuple[str, bool] | None:
     """The installed backend other than ``selected`` that declares ``key`` (name, True); a
     project backend that is not installed whose keys start like it (name, False); else None.
@@ -387,6 +392,7 @@ def _plugin_options() -> list[Option]:
 # config.py reads the effective configuration through these; it never imports this module.
 _config.effective = lambda: get_runtime().config
 _config.plugin_options = _plugin_options
+_config.key_owner = lambda key: other_backend_owner(key, _runtime.backend if _runtime is not None else "")
 
 
 def init(**kwargs: Any) -> _config.Config:

@@ -22,7 +22,6 @@ import os
 import shlex
 import shutil
 import signal
-import stat
 import struct
 import subprocess
 import sys
@@ -58,39 +57,83 @@ _MUX_RACE = b"already exists, disabling multiplexing"
 _MUX_NOISE = b"mux_client_"
 
 
-#: This master's directory of ssh control sockets: ``<tmp>/fssh-<pid>-<random>``, 0700.
+#: This master's directory of ssh control sockets: ``<tmp>/fssh-<random>``, 0700, holding
+#: the sockets and OWNER_FILE (who made it: machine, pid namespace, pid, start time).
 CONTROL_PREFIX = "fssh-"
+OWNER_FILE = "owner"
+
+
+def _read(path: str, dir_fd: int | None = None) -> str:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dir_fd)
+    try:
+        return os.read(fd, 4096).decode("ascii", "replace")
+    finally:
+        os.close(fd)
+
+
+def process_identity(pid: int) -> str:
+    """``boot_id pid-namespace pid start-time`` of ``pid`` as this process sees it; a pid
+    of another machine or namespace, or one reused since, has another."""
+    boot = _read("/proc/sys/kernel/random/boot_id").strip()
+    namespace = os.stat("/proc/self/ns/pid").st_ino
+    start = _read(f"/proc/{pid}/stat").rsplit(")", 1)[1].split()[19]
+    return f"{boot} {namespace} {pid} {start}"
+
+
+def make_control_dir() -> str:
+    """A new control-socket directory, its owner written in it."""
+    path = tempfile.mkdtemp(prefix=CONTROL_PREFIX)
+    fd = os.open(os.path.join(path, OWNER_FILE), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.write(fd, process_identity(os.getpid()).encode())
+    finally:
+        os.close(fd)
+    return path
+
+
+def _stale(owner: str, here: str) -> bool:
+    """Whether the master that wrote ``owner`` is gone: it ran on this machine in this pid
+    namespace (``here``: their identity) and its pid no longer runs the same process."""
+    parts = owner.split()
+    if len(parts) != 4 or parts[:2] != here.split()[:2] or not parts[2].isdecimal():
+        return False  # another machine sharing the directory, another namespace: theirs to judge
+    try:
+        return process_identity(int(parts[2])) != owner
+    except (OSError, IndexError, ValueError):
+        return True  # no such process
 
 
 def sweep_control_dirs(tmp: str | None = None) -> list[str]:
-    """Remove this user's control-socket directories whose master process is gone (one
-    killed by a signal never ran its close); another user's, or a live master's, stay.
-    The directories it removed."""
+    """Remove this user's control-socket directories whose master is gone (one killed by a
+    signal never ran its close). Another user's, a live master's, one of another machine or
+    namespace, and one without an owner file stay. The directories it removed."""
     tmp = tmp or tempfile.gettempdir()
     removed: list[str] = []
     try:
-        names = os.listdir(tmp)
+        names = [n for n in os.listdir(tmp) if n.startswith(CONTROL_PREFIX)]
+        here = process_identity(os.getpid())
     except OSError:
         return removed
     for name in names:
-        pid_text = name[len(CONTROL_PREFIX):].partition("-")[0]
-        if not (name.startswith(CONTROL_PREFIX) and pid_text.isdigit()):
-            continue
         path = os.path.join(tmp, name)
         try:
-            info = os.lstat(path)
-            if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
-                continue  # not ours (or not a directory): never touched
-            os.kill(int(pid_text), 0)
-            continue  # its master runs (or the pid was reused: left for a later sweep)
-        except ProcessLookupError:
-            pass
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
         except OSError:
-            continue  # PermissionError: a live process of another user has that pid
+            continue  # a link, a file, another user's directory we cannot open
         try:
-            for entry in os.listdir(path):  # sockets a killed ssh left; the directory is 0700
-                os.unlink(os.path.join(path, entry))
-            os.rmdir(path)
+            info = os.fstat(fd)
+            if info.st_uid != os.geteuid() or info.st_mode & 0o077:
+                continue  # not ours, or not made by make_control_dir: never touched
+            if not _stale(_read(OWNER_FILE, dir_fd=fd), here):
+                continue
+            for entry in os.listdir(fd):  # its sockets and owner file, through the open directory
+                os.unlink(entry, dir_fd=fd)
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+        try:
+            os.rmdir(path)  # only if empty: whatever took the name meanwhile stays
             removed.append(path)
         except OSError:
             pass
@@ -122,12 +165,11 @@ def what_to_check(code: int | None, said: str, python: str) -> str:
     if "No module named" in said:
         return ("install fibercore (and the program's own dependencies) in the host's Python, or point "
                 "python= in ssh_hostfile (or ssh_python) at an environment that has them")
-    if code == 255:
+    if code == 255 or code is None:
         return ("check that `ssh -o BatchMode=yes HOST true` works with ssh_identity and ssh_options "
                 "(key, known_hosts, port)")
-    return ("check that `ssh -o BatchMode=yes HOST true` works with ssh_identity and ssh_options (key, "
-            "known_hosts, port), and that each host's Python (python= in the hostfile, or ssh_python) exists "
-            "there with fibercore")
+    return (f"ssh got in but the host's Python failed (exit {code}): check that `ssh HOST {python} -c "
+            "'import fibercore'` works there (python= in ssh_hostfile, or ssh_python)")
 
 
 class SshJob:
@@ -157,8 +199,17 @@ class SshJob:
         self.failed_on: dict[str, int] = {}
         self.cancelled: str | None = None  # "term" or "kill" once terminate()/kill() asked
         self.kill_sent: float | None = None  # when kill() was first asked (monotonic)
+        self.kill_answered = False  # the launcher said it signalled the job's group
+        self.started_at: float | None = None
         self.note = ""
         self.engine: Any = None  # the Engine that placed it
+
+    def kill_unanswered_for(self, now: float) -> float:
+        """Seconds a kill has waited for the launcher's answer since the job ran (0: none
+        waits; a session still connecting has not been asked yet)."""
+        if self.kill_sent is None or self.kill_answered or self.started_at is None:
+            return 0.0
+        return now - max(self.kill_sent, self.started_at)
 
     def keep(self, chunk: bytes, proc: Any = None) -> None:
         """Keep ``chunk`` of the job's output (``proc``: the session it came from)."""
@@ -183,7 +234,7 @@ class Engine:
         self.control_dir = None
         if cfg.get("ssh_multiplex", True):
             sweep_control_dirs()
-            self.control_dir = tempfile.mkdtemp(prefix=f"{CONTROL_PREFIX}{os.getpid()}-")
+            self.control_dir = make_control_dir()
         self.closing = False
         self.retry_timer: threading.Timer | None = None
         if shutil.which("ssh") is None:
@@ -307,7 +358,7 @@ class Engine:
         """A kill sent to a job of ``host`` more than KILL_ANSWER seconds ago is unanswered."""
         for jid in host.jobs:
             job = self.jobs.get(jid)
-            if job is not None and job.kill_sent is not None and now - job.kill_sent > KILL_ANSWER:
+            if job is not None and job.kill_unanswered_for(now) > KILL_ANSWER:
                 return True
         return False
 
@@ -355,7 +406,10 @@ class Engine:
             data = stream.read(size)
             if kind == b"P":
                 job.pid = int(data)
+                job.started_at = time.monotonic()
                 job.started.set()
+            elif kind == b"K":
+                job.kill_answered = True
             elif kind == b"O":
                 job.keep(data, proc)
                 if self.echo:
@@ -451,7 +505,8 @@ class Engine:
                 job.done.set()
                 return
             job.cancelled = "kill" if force else (job.cancelled or "term")
-            if force and job.kill_sent is None:
+            first_kill = force and job.kill_sent is None
+            if first_kill:
                 job.kill_sent = time.monotonic()
             proc = job.proc
         if proc is None or proc.stdin is None:
@@ -461,18 +516,20 @@ class Engine:
             proc.stdin.flush()
         except (OSError, ValueError):
             pass
-        if force:  # a host that does not answer: end the session, which ends the job
+        if first_kill:  # a host that does not answer: end the session, which ends the job
             timer = threading.Timer(KILL_WAIT, self._kill_unanswered, args=(job, proc))
             timer.daemon = True
             timer.start()
 
     def _kill_unanswered(self, job: SshJob, proc: subprocess.Popen[bytes]) -> None:
-        """The host did not end the job within KILL_WAIT of a kill: it is skipped like a host
-        whose connection was lost (ssh_host_retry), and the session ends."""
+        """The job did not end within KILL_WAIT of a kill: the session ends; if the launcher
+        did not even say it signalled the job (the host is cut off), the host is skipped like
+        one whose connection was lost (ssh_host_retry). A session still connecting when the
+        kill was sent, or a job whose own daemon keeps its output open, is no sign of that."""
         with self.lock:
-            if job.done.is_set():
+            if job.done.is_set() or proc.poll() is not None:
                 return
-            if job.host is not None and job.proc is proc:
+            if job.host is not None and job.proc is proc and job.kill_unanswered_for(time.monotonic()) > KILL_ANSWER:
                 self._mark_down(job.host, f"it did not answer a kill within {KILL_WAIT:.0f} s")
         proc.kill()
 

@@ -3,7 +3,8 @@ from user input); what they need (argv, environment, secret, session) comes on s
 
 ``LAUNCHER`` starts one job. Its stdout is a stream of records ``kind (1 byte) + length (4
 bytes, big-endian) + payload``: ``P`` the job's pid (its process group), ``O`` a chunk of the
-job's stdout, ``X`` its exit code (negative: killed by that signal). The job's stderr is the
+job's stdout, ``K`` a signal line carried out, ``X`` its exit code (negative: killed by that
+signal). The job's stderr is the
 launcher's own (the ssh session's stderr). Lines on stdin afterwards are signals for the job's
 process group; end of stdin (the master or its connection is gone) kills the group. Once the
 job ended and its group is gone, a process of the launcher's own removes what the job left in
@@ -59,6 +60,7 @@ def control():
     for line in sys.stdin.buffer:
         if line.strip():
             signal_group(int(line))
+            send(b"K", line.strip())  # the host carried it out: it is not cut off
     signal_group(signal.SIGKILL)
 threading.Thread(target=control, daemon=True).start()
 while True:

@@ -1,13 +1,13 @@
-"""The master's directory of ssh control sockets (``<tmp>/fssh-<pid>-<random>``): gone with
-the master however it ended (a killed master's is swept by the next one), closed to another
-local user, and another user's look-alike is never touched."""
+"""The master's directory of ssh control sockets (``<tmp>/fssh-<random>``, its owner written
+in it): gone with the master however it ended (a killed master's is swept by the next one),
+closed to another local user; another user's look-alike, a live master's (also one in
+another pid namespace, to which the pid means nothing) are never touched."""
 
 from __future__ import annotations
 
 import glob
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fiber_ssh.engine import CONTROL_PREFIX, sweep_control_dirs
+from fiber_ssh.engine import CONTROL_PREFIX, OWNER_FILE, process_identity, sweep_control_dirs
 
 import fibercore as fc
 from fibercore.testing.targets import sleep_for
@@ -47,7 +47,16 @@ def _env(ssh_config: dict[str, Any]) -> dict[str, str]:
 
 
 def _mine(pid: int) -> list[str]:
-    return glob.glob(os.path.join(tempfile.gettempdir(), f"{CONTROL_PREFIX}{pid}-*"))
+    """The control directories whose owner file names ``pid``."""
+    found = []
+    for path in glob.glob(os.path.join(tempfile.gettempdir(), f"{CONTROL_PREFIX}*")):
+        try:
+            owner = Path(path, OWNER_FILE).read_text().split()
+        except OSError:
+            continue
+        if len(owner) == 4 and owner[2] == str(pid):
+            found.append(path)
+    return found
 
 
 def _master(tmp_path: Path, ssh_config: dict[str, Any]) -> subprocess.Popen[str]:
@@ -84,23 +93,36 @@ def test_a_killed_masters_control_dir_goes_with_the_next_master(ssh_config: dict
     assert _mine(following.pid) == []
 
 
+def _control_dir(tmp: Path, name: str, owner: str | None) -> Path:
+    path = tmp / f"{CONTROL_PREFIX}{name}"
+    path.mkdir(mode=0o700)
+    if owner is not None:
+        (path / OWNER_FILE).write_text(owner)
+    return path
+
+
 def test_the_sweep_takes_only_this_users_dirs_of_ended_masters(tmp_path: Path) -> None:
-    dead, alive = _dead_pid(), os.getpid()
-    gone = tmp_path / f"{CONTROL_PREFIX}{dead}-a"
-    gone.mkdir(mode=0o700)
+    here = process_identity(os.getpid())
+    boot, namespace, pid, start = here.split()
+    dead = _dead_pid()
+    gone = _control_dir(tmp_path, "a", f"{boot} {namespace} {dead} {start}")
     left_socket = socket.socket(socket.AF_UNIX)
     left_socket.bind(str(gone / "0123abcd"))  # what a killed ssh control master leaves
     left_socket.close()
-    running = tmp_path / f"{CONTROL_PREFIX}{alive}-b"
-    running.mkdir(mode=0o700)
-    link = tmp_path / f"{CONTROL_PREFIX}{dead}-c"
+    reused = _control_dir(tmp_path, "b", f"{boot} {namespace} {pid} 1")  # this pid, another start
+    running = _control_dir(tmp_path, "c", here)
+    elsewhere = _control_dir(tmp_path, "d", f"{boot} 1 {dead} {start}")  # another pid namespace
+    other_machine = _control_dir(tmp_path, "e", f"another-boot {namespace} {dead} {start}")
+    old = _control_dir(tmp_path, "f", None)  # an older fibercore's: no owner file
+    link = tmp_path / f"{CONTROL_PREFIX}g"
     link.symlink_to(running)
-    plain = tmp_path / f"{CONTROL_PREFIX}{dead}-d"
-    plain.write_text("not a directory")
-    other = tmp_path / "fssh-notapid-e"
-    other.mkdir()
-    assert sweep_control_dirs(str(tmp_path)) == [str(gone)]
-    assert not gone.exists() and running.is_dir() and link.is_symlink() and plain.is_file() and other.is_dir()
+    plain = tmp_path / f"{CONTROL_PREFIX}h"
+    plain.write_text(f"{boot} {namespace} {dead} {start}")
+    assert sorted(sweep_control_dirs(str(tmp_path))) == sorted([str(gone), str(reused)])
+    assert not gone.exists() and not reused.exists()
+    for stays in (running, elsewhere, other_machine, old):
+        assert stays.is_dir(), stays
+    assert link.is_symlink() and plain.is_file()
 
 
 def _attack(control_dir: str, tmp: str, dead: int) -> dict[str, Any]:
@@ -119,9 +141,10 @@ def _attack(control_dir: str, tmp: str, dead: int) -> dict[str, Any]:
         out["connect"] = f"refused: {exc.strerror}"
     finally:
         sock.close()
-    mine = os.path.join(tmp, f"{CONTROL_PREFIX}{dead}-attacker")
+    mine = os.path.join(tmp, f"{CONTROL_PREFIX}attacker-{os.getpid()}")
     os.mkdir(mine, 0o700)
     Path(mine, "bait").write_text("the attacker's")
+    Path(mine, OWNER_FILE).write_text(process_identity(os.getpid()).rsplit(" ", 2)[0] + f" {dead} 1")
     out["made"] = mine
     return out
 
@@ -135,8 +158,8 @@ def test_another_local_user_cannot_reach_the_control_sockets_or_have_its_dirs_sw
     fc.init(backend="ssh", **ssh_config)
     user = LocalUser()
     made = None
+    job = fc.Process(target=sleep_for, args=(600,), daemon=True)
     try:
-        job = fc.Process(target=sleep_for, args=(600,))
         job.start()  # the shared connection's socket is in the directory now
         control_dir = job._popen.job.data.engine.control_dir
         assert control_dir and os.listdir(control_dir), "no control socket to attack"
@@ -145,10 +168,10 @@ def test_another_local_user_cannot_reach_the_control_sockets_or_have_its_dirs_sw
         assert got["list"].startswith("refused: Permission denied"), got
         assert got["connect"].startswith("refused: Permission denied"), got
         assert made not in sweep_control_dirs() and Path(made, "bait").read_text() == "the attacker's"
-        job.kill()
-        job.join(30)
-        assert job.exitcode == -signal.SIGKILL
     finally:
+        if job._popen is not None:
+            job.kill()
+            job.join(30)
         fc.init()
         user.remove()
         if made:

@@ -136,10 +136,10 @@ def test_a_host_that_does_not_answer_a_kill_gets_no_new_job(ssh_config: dict[str
                   ssh_options=f"{ssh_config['ssh_options']} -F {alias}", ssh_host_retry=60)
     fc.init(backend="ssh", **config)
     stopped: list[int] = []
+    cut = fc.Process(target=sleep_for, args=(600,), daemon=True)
+    other = fc.Process(target=sleep_for, args=(600,), daemon=True)
     try:
-        cut = fc.Process(target=sleep_for, args=(600,))
         cut.start()
-        other = fc.Process(target=sleep_for, args=(600,))
         other.start()
         host_of = {p: p._popen.job.data.host.name for p in (cut, other)}
         assert host_of == {cut: "127.0.0.1", other: "second"}  # equal load now: the first host is chosen
@@ -167,4 +167,51 @@ def test_a_host_that_does_not_answer_a_kill_gets_no_new_job(ssh_config: dict[str
                 os.kill(pid, signal.SIGCONT)
             except ProcessLookupError:
                 pass
+        for p in (cut, other):
+            if p._popen is not None:
+                p.kill()
+                p.join(30)
+        fc.init()
+
+
+def test_a_job_whose_daemon_keeps_its_output_open_does_not_mark_its_host_down(ssh_config: dict[str, Any],
+                                                                              tmp_path: Any) -> None:
+    """The job started a process in a session of its own that holds the job's output open: its
+    kill is carried out (the launcher says so) but the session does not end by itself. After
+    KILL_WAIT the session is ended; the host, which answered, stays in use (a review found
+    such a host marked down for ssh_host_retry)."""
+    import os
+    import signal
+    import subprocess
+
+    from fiber_ssh.engine import KILL_WAIT
+
+    pid_file = tmp_path / "daemon.pid"
+    fc.init(backend="ssh", **dict(ssh_config, ssh_host_retry=60))
+    job = fc.Process(target=subprocess.call, daemon=True,
+                     args=(["sh", "-c", f"setsid sleep 120 & echo $! > {pid_file}; sleep 600"],))
+    try:
+        job.start()
+        data = job._popen.job.data
+        deadline = time.monotonic() + 60
+        while not (pid_file.exists() and pid_file.read_text().strip()):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        job.kill()
+        job.join(KILL_WAIT + 30)
+        assert job.exitcode == -signal.SIGKILL
+        assert data.kill_answered and data.host.down_until <= time.monotonic(), data.host.down_reason
+        after = fc.Process(target=sleep_for, args=(0,))
+        after.start()
+        after.join(60)
+        assert after.exitcode == 0
+    finally:
+        if pid_file.exists() and pid_file.read_text().strip():
+            try:
+                os.kill(int(pid_file.read_text()), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if job._popen is not None:
+            job.kill()
+            job.join(30)
         fc.init()

@@ -88,8 +88,10 @@ def test_what_a_job_left_in_dev_shm_goes_when_it_ends_and_nothing_else(ending: s
         else:
             launcher.stdin.write(ending.encode() + b"\n")
             launcher.stdin.flush()
-        if ending != "gone":
-            assert [kind for kind, _ in records] == [b"X"]  # the exit code, then the end of the session
+        if ending != "gone":  # a signal is answered (K), then the exit code, then the end of the session
+            said = [(kind, data) for kind, data in records]
+            assert said[-1][0] == b"X", said
+            assert said[:-1] == ([(b"K", ending.encode())] if ending.isdigit() else []), said
         assert launcher.wait(30) == 0
         _wait_until(lambda: not Path("/proc", pid.decode()).exists(), 60, "the job outlived its session")
         _wait_until(lambda: not Path("/dev/shm", left).exists(), 60, f"/dev/shm/{left} was left behind")
