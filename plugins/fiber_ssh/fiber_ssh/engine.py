@@ -81,13 +81,19 @@ def process_identity(pid: int) -> str:
 
 
 def make_control_dir() -> str:
-    """A new control-socket directory, its owner written in it."""
+    """A new control-socket directory, its owner written in it (complete or not at all:
+    written aside, then renamed). Without /proc to say who it is, no owner: never swept."""
     path = tempfile.mkdtemp(prefix=CONTROL_PREFIX)
-    fd = os.open(os.path.join(path, OWNER_FILE), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
-        os.write(fd, process_identity(os.getpid()).encode())
+        owner = process_identity(os.getpid())
+    except (OSError, IndexError):
+        return path
+    fd = os.open(os.path.join(path, OWNER_FILE + ".new"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.write(fd, owner.encode())
     finally:
         os.close(fd)
+    os.rename(os.path.join(path, OWNER_FILE + ".new"), os.path.join(path, OWNER_FILE))
     return path
 
 
@@ -99,8 +105,10 @@ def _stale(owner: str, here: str) -> bool:
         return False  # another machine sharing the directory, another namespace: theirs to judge
     try:
         return process_identity(int(parts[2])) != owner
-    except (OSError, IndexError, ValueError):
+    except FileNotFoundError:
         return True  # no such process
+    except (OSError, IndexError, ValueError):
+        return False  # cannot tell (hidepid, an unreadable process): left for a later sweep
 
 
 def sweep_control_dirs(tmp: str | None = None) -> list[str]:
@@ -112,7 +120,7 @@ def sweep_control_dirs(tmp: str | None = None) -> list[str]:
     try:
         names = [n for n in os.listdir(tmp) if n.startswith(CONTROL_PREFIX)]
         here = process_identity(os.getpid())
-    except OSError:
+    except (OSError, IndexError):
         return removed
     for name in names:
         path = os.path.join(tmp, name)
@@ -409,7 +417,8 @@ class Engine:
                 job.started_at = time.monotonic()
                 job.started.set()
             elif kind == b"K":
-                job.kill_answered = True
+                if data == b"%d" % signal.SIGKILL:  # the answer to a kill (a SIGTERM's says nothing of it)
+                    job.kill_answered = True
             elif kind == b"O":
                 job.keep(data, proc)
                 if self.echo:
@@ -417,6 +426,7 @@ class Engine:
                     sys.stdout.flush()
             elif kind == b"X":
                 exitcode = int(data)
+                job.kill_answered = True  # the host answered: the job is over (a kill after it reaches nobody)
         code = proc.wait()
         reader = job.stderr_reader
         if reader is not None and job.proc is proc:  # ssh's last words (why it failed) first

@@ -20,7 +20,7 @@ from __future__ import annotations
 LAUNCHER = r'''
 import json, os, signal, struct, subprocess, sys, threading
 out = sys.stdout.buffer
-lock = threading.Lock()
+lock = threading.RLock()
 def send(kind, data):
     with lock:
         try:
@@ -59,8 +59,9 @@ def signal_group(sig):
 def control():
     for line in sys.stdin.buffer:
         if line.strip():
-            signal_group(int(line))
-            send(b"K", line.strip())  # the host carried it out: it is not cut off
+            with lock:  # the answer goes before the exit record the signal may cause
+                signal_group(int(line))
+                send(b"K", line.strip())  # the host carried it out: it is not cut off
     signal_group(signal.SIGKILL)
 threading.Thread(target=control, daemon=True).start()
 while True:

@@ -176,3 +176,21 @@ def test_another_local_user_cannot_reach_the_control_sockets_or_have_its_dirs_sw
         user.remove()
         if made:
             shutil.rmtree(made, ignore_errors=True)
+
+
+def test_without_proc_the_directory_is_made_with_no_owner_and_never_swept(monkeypatch: Any) -> None:
+    """A master where /proc cannot say who it is (macOS, a pid namespace without its own
+    /proc) still gets its directory (Engine() failed there); with no owner it is never swept."""
+    from fiber_ssh import engine
+
+    def no_proc(pid: int) -> str:
+        raise FileNotFoundError("/proc")
+
+    monkeypatch.setattr(engine, "process_identity", no_proc)
+    path = engine.make_control_dir()
+    try:
+        assert os.listdir(path) == []
+        monkeypatch.undo()
+        assert path not in sweep_control_dirs()
+    finally:
+        os.rmdir(path)
